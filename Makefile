@@ -1,0 +1,33 @@
+# Every target sets up what it needs; a fresh clone runs `make demo` or `make test` directly.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test lint demo bench clean
+
+setup: $(STAMP)
+
+# torch==2.13.0 first: a looser pin makes pip pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -e ".[test,lint]"
+	touch $(STAMP)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy --strict src
+
+demo: setup
+	$(BIN)/hwr demo
+
+bench: setup
+	$(BIN)/python benchmarks/publish_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""host-weight-runtime: one immutable, hashed, memory-mapped weight artifact per node."""

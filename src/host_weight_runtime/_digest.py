@@ -1,0 +1,123 @@
+"""Digests of artifact bytes: a chunked SHA-256 tree, so verification can use every core.
+
+A buffer's digest is SHA-256 over a domain tag, its length and the SHA-256 of each
+fixed-size chunk. Chunks hash independently (hashlib releases the GIL), so a
+verifier hashes one artifact on several threads; a writer that sees bytes in order
+hashes them incrementally with the same result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from .canonical_json import encode_canonical
+
+DIGEST_ALGORITHM = "sha256-tree-v1"
+DIGEST_CHUNK_BYTES = 8 * 1024 * 1024
+_TREE_TAG = b"hwr/sha256-tree-v1\x00"
+_FILE_TAG = b"hwr/file-v1\x00"
+
+
+def _combine(length: int, chunk_digests: Iterable[bytes]) -> str:
+    outer = hashlib.sha256(_TREE_TAG)
+    outer.update(length.to_bytes(8, "little"))
+    for chunk_digest in chunk_digests:
+        outer.update(chunk_digest)
+    return outer.hexdigest()
+
+
+class TreeHasher:
+    """Incremental tree digest for bytes that arrive in order."""
+
+    __slots__ = ("_chunk", "_chunk_bytes", "_chunk_digests", "_chunk_fill", "_length")
+
+    def __init__(self, chunk_bytes: int = DIGEST_CHUNK_BYTES) -> None:
+        self._chunk_bytes = chunk_bytes
+        self._chunk = hashlib.sha256()
+        self._chunk_fill = 0
+        self._chunk_digests: list[bytes] = []
+        self._length = 0
+
+    def update(self, data: memoryview | bytes) -> None:
+        view = memoryview(data).cast("B")
+        while len(view):
+            room = self._chunk_bytes - self._chunk_fill
+            piece = view[:room]
+            self._chunk.update(piece)
+            self._chunk_fill += len(piece)
+            self._length += len(piece)
+            view = view[len(piece):]
+            if self._chunk_fill == self._chunk_bytes:
+                self._chunk_digests.append(self._chunk.digest())
+                self._chunk = hashlib.sha256()
+                self._chunk_fill = 0
+
+    def hexdigest(self) -> str:
+        digests = list(self._chunk_digests)
+        if self._chunk_fill or not digests:
+            digests.append(self._chunk.copy().digest())
+        return _combine(self._length, digests)
+
+
+def _chunk_digest(view: memoryview) -> bytes:
+    return hashlib.sha256(view).digest()
+
+
+def tree_digest(data: memoryview | bytes, chunk_bytes: int = DIGEST_CHUNK_BYTES) -> str:
+    """Digest of one buffer on the calling thread."""
+    hasher = TreeHasher(chunk_bytes)
+    hasher.update(data)
+    return hasher.hexdigest()
+
+
+def default_hash_threads() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def tree_digests_parallel(
+    buffers: Sequence[memoryview],
+    *,
+    chunk_bytes: int = DIGEST_CHUNK_BYTES,
+    threads: int | None = None,
+) -> list[str]:
+    """Digests of many buffers, every chunk of every buffer hashed on a thread pool."""
+    jobs: list[tuple[int, memoryview]] = []
+    counts: list[int] = []
+    for index, buffer in enumerate(buffers):
+        view = memoryview(buffer).cast("B")
+        pieces = [view[start : start + chunk_bytes] for start in range(0, len(view), chunk_bytes)]
+        if not pieces:
+            pieces = [view[0:0]]
+        counts.append(len(pieces))
+        jobs.extend((index, piece) for piece in pieces)
+    worker_count = threads if threads is not None else default_hash_threads()
+    if worker_count <= 1 or len(jobs) <= 1:
+        chunk_results = [_chunk_digest(piece) for _, piece in jobs]
+    else:
+        with ThreadPoolExecutor(max_workers=worker_count, thread_name_prefix="hwr-hash") as pool:
+            chunk_results = list(pool.map(_chunk_digest, [piece for _, piece in jobs]))
+    results: list[str] = []
+    position = 0
+    for index, count in enumerate(counts):
+        length = len(memoryview(buffers[index]).cast("B"))
+        results.append(_combine(length, chunk_results[position : position + count]))
+        position += count
+    return results
+
+
+def file_digest(header_digest: str, tensor_digests_in_offset_order: Iterable[str]) -> str:
+    """A payload file's digest from its header prefix digest and its tensors' digests."""
+    outer = hashlib.sha256(_FILE_TAG)
+    outer.update(bytes.fromhex(header_digest))
+    for digest in tensor_digests_in_offset_order:
+        outer.update(bytes.fromhex(digest))
+    return outer.hexdigest()
+
+
+def content_digest(entries: Iterable[tuple[str, str, tuple[int, ...], str]]) -> str:
+    """Digest of (name, dtype, shape, digest) for every tensor, independent of file split."""
+    rows = sorted([name, dtype, list(shape), digest] for name, dtype, shape, digest in entries)
+    return hashlib.sha256(encode_canonical(rows)).hexdigest()

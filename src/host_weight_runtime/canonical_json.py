@@ -1,0 +1,117 @@
+"""The one byte encoding used for identities, manifests and markers.
+
+Keys are sorted, separators compact, text UTF-8, and only JSON-native values are
+accepted, so that equal values always produce equal bytes and equal digests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Union
+
+JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
+
+
+def _check_value(value: object, path: str) -> None:
+    """Reject anything that JSON cannot represent exactly and stably."""
+    if value is None or isinstance(value, (bool, str)):
+        return
+    if type(value) is int:
+        return
+    if type(value) is float:
+        if not math.isfinite(value):
+            raise ValueError(f"canonical JSON rejects non-finite number {value!r} at {path}")
+        return
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_value(item, f"{path}[{index}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if type(key) is not str:
+                raise ValueError(
+                    f"canonical JSON needs string keys; got {type(key).__name__} key {key!r} at {path}"
+                )
+            _check_value(item, f"{path}.{key}")
+        return
+    raise ValueError(
+        f"canonical JSON accepts only None, bool, int, float, str, list and dict; "
+        f"got {type(value).__name__} at {path}"
+    )
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"canonical JSON rejects the constant {name}")
+
+
+def encode_canonical(value: object) -> bytes:
+    """Encode a JSON-native value as canonical bytes, or raise ValueError."""
+    _check_value(value, "$")
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return text.encode("utf-8")
+
+
+def decode_json(data: bytes) -> JsonValue:
+    """Parse JSON bytes strictly (no NaN or Infinity, no duplicate keys)."""
+
+    def no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        result: dict[str, object] = {}
+        for key, item in pairs:
+            if key in result:
+                raise ValueError(f"duplicate JSON key {key!r}")
+            result[key] = item
+        return result
+
+    try:
+        text = data.decode("utf-8")
+        value: JsonValue = json.loads(
+            text, parse_constant=_reject_constant, object_pairs_hook=no_duplicates
+        )
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not valid UTF-8 JSON: {exc}") from exc
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class CanonicalJson:
+    """Immutable canonical JSON bytes; construction from non-canonical bytes fails."""
+
+    data: bytes
+
+    def __post_init__(self) -> None:
+        if type(self.data) is not bytes:
+            raise ValueError("CanonicalJson.data must be bytes; use CanonicalJson.from_value for values")
+        value = decode_json(self.data)
+        if encode_canonical(value) != self.data:
+            raise ValueError(
+                "bytes are not canonical JSON (sorted keys, compact separators, UTF-8); "
+                "build it with CanonicalJson.from_value"
+            )
+
+    @classmethod
+    def from_value(cls, value: object) -> CanonicalJson:
+        """Snapshot a JSON-native value; later changes to `value` do not affect the result."""
+        return cls(encode_canonical(value))
+
+    @classmethod
+    def empty(cls) -> CanonicalJson:
+        """The empty object `{}`, the default for metadata fields."""
+        return _EMPTY
+
+    def to_value(self) -> JsonValue:
+        """A fresh, independent copy of the value."""
+        return decode_json(self.data)
+
+    @property
+    def sha256(self) -> str:
+        """Hex SHA-256 of the canonical bytes."""
+        return hashlib.sha256(self.data).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"CanonicalJson({self.data.decode('utf-8')!r})"
+
+
+_EMPTY = CanonicalJson(b"{}")

@@ -1,0 +1,227 @@
+"""Runtime configuration: the mode, where the domain lives, and the policies that gate it."""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .tensors import ValidationLevel
+
+ENV_MODE = "HWR_MODE"
+ENV_ROOT = "HWR_ROOT"
+ENV_VALIDATION = "HWR_VALIDATION"
+ENV_STORAGE_CLASS = "HWR_STORAGE_CLASS"
+ENV_ALLOW_LOCAL_BUILD = "HWR_ALLOW_LOCAL_BUILD"
+ENV_ALLOW_POST_LOAD_PUBLISH = "HWR_ALLOW_POST_LOAD_PUBLISH"
+ENV_LOCK_TIMEOUT = "HWR_LOCK_TIMEOUT_S"
+ENV_MAX_ARTIFACT_BYTES = "HWR_MAX_ARTIFACT_BYTES"
+ENV_MAX_STORE_BYTES = "HWR_MAX_STORE_BYTES"
+ENV_MIN_FREE_BYTES = "HWR_MIN_FREE_BYTES"
+
+
+class RuntimeMode(str, enum.Enum):
+    """DISABLED never touches the store; PREFERRED falls back; REQUIRED fails instead."""
+
+    DISABLED = "disabled"
+    PREFERRED = "preferred"
+    REQUIRED = "required"
+
+
+class StorageClass(str, enum.Enum):
+    """What backs a domain; AUTO accepts whatever node-local filesystem is detected."""
+
+    AUTO = "auto"
+    TMPFS = "tmpfs"
+    DISK = "disk"
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityPolicy:
+    """Byte limits checked before anything is written. None means no limit."""
+
+    max_artifact_bytes: int | None = None
+    max_store_bytes: int | None = None
+    min_free_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_artifact_bytes", "max_store_bytes"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value <= 0):
+                raise ValueError(f"CapacityPolicy.{name} must be a positive int or None, got {value!r}")
+        if type(self.min_free_bytes) is not int or self.min_free_bytes < 0:
+            raise ValueError(f"CapacityPolicy.min_free_bytes must be a non-negative int, got {self.min_free_bytes!r}")
+
+    def to_dict(self) -> dict[str, int | None]:
+        return {
+            "max_artifact_bytes": self.max_artifact_bytes,
+            "max_store_bytes": self.max_store_bytes,
+            "min_free_bytes": self.min_free_bytes,
+        }
+
+
+def default_root() -> Path:
+    """A per-user domain under /dev/shm, or the user cache directory where there is none."""
+    user = str(os.getuid())
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm / f"host-weight-runtime-{user}"
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    if not cache:
+        cache = tempfile.gettempdir()
+    return Path(cache) / "host-weight-runtime"
+
+
+@dataclass(frozen=True, slots=True)
+class HostWeightRuntimeConfig:
+    """Everything the runtime needs; build it in code, from a dict, or from the environment."""
+
+    mode: RuntimeMode = RuntimeMode.PREFERRED
+    root: Path | None = None
+    validation: ValidationLevel = ValidationLevel.MANIFEST_AND_METADATA
+    storage_class: StorageClass = StorageClass.AUTO
+    allow_local_build: bool = True
+    allow_post_load_publish: bool = True
+    lock_timeout_s: float = 600.0
+    capacity: CapacityPolicy | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, RuntimeMode):
+            raise ValueError(f"mode must be a RuntimeMode, got {self.mode!r}")
+        if not isinstance(self.validation, ValidationLevel):
+            raise ValueError(f"validation must be a ValidationLevel, got {self.validation!r}")
+        if not isinstance(self.storage_class, StorageClass):
+            raise ValueError(f"storage_class must be a StorageClass, got {self.storage_class!r}")
+        if self.root is not None and not isinstance(self.root, Path):
+            raise ValueError("root must be a pathlib.Path or None")
+        if self.root is not None and not self.root.is_absolute():
+            raise ValueError(f"root must be an absolute path, got {self.root}")
+        for name in ("allow_local_build", "allow_post_load_publish"):
+            if type(getattr(self, name)) is not bool:
+                raise ValueError(f"{name} must be a bool")
+        timeout = self.lock_timeout_s
+        if type(timeout) not in (int, float) or not math.isfinite(timeout) or timeout < 0:
+            raise ValueError(f"lock_timeout_s must be a finite, non-negative number, got {timeout!r}")
+
+    @property
+    def resolved_root(self) -> Path:
+        return self.root if self.root is not None else default_root()
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, object]) -> HostWeightRuntimeConfig:
+        """Build from plain values (strings accepted for enums and paths); unknown keys fail."""
+        known = {
+            "mode",
+            "root",
+            "validation",
+            "storage_class",
+            "allow_local_build",
+            "allow_post_load_publish",
+            "lock_timeout_s",
+            "max_artifact_bytes",
+            "max_store_bytes",
+            "min_free_bytes",
+        }
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown configuration key(s) {unknown}; known: {sorted(known)}")
+        kwargs: dict[str, object] = {}
+        if "mode" in values:
+            kwargs["mode"] = _enum(RuntimeMode, values["mode"], "mode")
+        if "validation" in values:
+            kwargs["validation"] = _enum(ValidationLevel, values["validation"], "validation")
+        if "storage_class" in values:
+            kwargs["storage_class"] = _enum(StorageClass, values["storage_class"], "storage_class")
+        if values.get("root") is not None:
+            kwargs["root"] = Path(str(values["root"])).expanduser()
+        for name in ("allow_local_build", "allow_post_load_publish"):
+            if name in values:
+                kwargs[name] = _bool(values[name], name)
+        if "lock_timeout_s" in values:
+            kwargs["lock_timeout_s"] = _float(values["lock_timeout_s"], "lock_timeout_s")
+        capacity_keys = ("max_artifact_bytes", "max_store_bytes", "min_free_bytes")
+        if any(key in values for key in capacity_keys):
+            kwargs["capacity"] = CapacityPolicy(
+                max_artifact_bytes=_optional_int(values.get("max_artifact_bytes"), "max_artifact_bytes"),
+                max_store_bytes=_optional_int(values.get("max_store_bytes"), "max_store_bytes"),
+                min_free_bytes=_optional_int(values.get("min_free_bytes"), "min_free_bytes") or 0,
+            )
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> HostWeightRuntimeConfig:
+        """Read HWR_MODE, HWR_ROOT, HWR_VALIDATION and friends; unset ones keep defaults."""
+        env = os.environ if environ is None else environ
+        mapping = {
+            ENV_MODE: "mode",
+            ENV_ROOT: "root",
+            ENV_VALIDATION: "validation",
+            ENV_STORAGE_CLASS: "storage_class",
+            ENV_ALLOW_LOCAL_BUILD: "allow_local_build",
+            ENV_ALLOW_POST_LOAD_PUBLISH: "allow_post_load_publish",
+            ENV_LOCK_TIMEOUT: "lock_timeout_s",
+            ENV_MAX_ARTIFACT_BYTES: "max_artifact_bytes",
+            ENV_MAX_STORE_BYTES: "max_store_bytes",
+            ENV_MIN_FREE_BYTES: "min_free_bytes",
+        }
+        values: dict[str, object] = {}
+        for env_name, key in mapping.items():
+            raw = env.get(env_name)
+            if raw is not None and raw.strip() != "":
+                values[key] = raw.strip()
+        try:
+            return cls.from_dict(values)
+        except ValueError as exc:
+            raise ValueError(f"invalid HWR_* environment: {exc}") from exc
+
+
+def _enum(enum_type: type[enum.Enum], value: object, name: str) -> enum.Enum:
+    if isinstance(value, enum_type):
+        return value
+    if isinstance(value, str):
+        try:
+            return enum_type(value.strip().lower())
+        except ValueError:
+            pass
+    choices = ", ".join(member.value for member in enum_type)
+    raise ValueError(f"{name} must be one of {choices}; got {value!r}")
+
+
+def _bool(value: object, name: str) -> bool:
+    if type(value) is bool:
+        return value
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+    raise ValueError(f"{name} must be a boolean (true/false/1/0); got {value!r}")
+
+
+def _float(value: object, name: str) -> float:
+    if type(value) in (int, float):
+        return float(value)  # type: ignore[arg-type]
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ValueError(f"{name} must be a number of seconds; got {value!r}")
+
+
+def _optional_int(value: object, name: str) -> int | None:
+    if value is None:
+        return None
+    if type(value) is int:
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.replace("_", ""))
+        except ValueError:
+            pass
+    raise ValueError(f"{name} must be an integer number of bytes; got {value!r}")

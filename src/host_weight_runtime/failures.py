@@ -1,0 +1,151 @@
+"""Typed failures: a stable code, the stage it happened in, and whether a retry can help."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from ._strict import get_bool, get_json, get_str, require_exact_keys, require_object
+from .canonical_json import CanonicalJson, JsonValue
+
+
+class ResolutionStage(str, enum.Enum):
+    """Where in the life of a lookup, build or load a failure happened."""
+
+    CONFIGURATION = "configuration"
+    DOMAIN = "domain"
+    LOOKUP = "lookup"
+    REMOTE = "remote"
+    PRODUCTION = "production"
+    PUBLICATION = "publication"
+    RESTORE = "restore"
+    CANONICAL = "canonical"
+    POST_LOAD_PUBLICATION = "post_load_publication"
+    LEASE = "lease"
+    CLEANUP = "cleanup"
+
+
+class FailureCode(str, enum.Enum):
+    """Stable, programmatic failure codes; never match on message text."""
+
+    INVALID_CONFIGURATION = "invalid_configuration"
+    UNSUPPORTED = "unsupported"
+    PRODUCER_UNSUPPORTED = "producer_unsupported"
+    UNSUPPORTED_FILESYSTEM = "unsupported_filesystem"
+    STORAGE_CLASS_MISMATCH = "storage_class_mismatch"
+    UNSAFE_PERMISSIONS = "unsafe_permissions"
+    DOMAIN_POLICY_CONFLICT = "domain_policy_conflict"
+    DOMAIN_INVALID = "domain_invalid"
+    STORE_INIT_FAILED = "store_init_failed"
+    LOCK_TIMEOUT = "lock_timeout"
+    IO_ERROR = "io_error"
+    MANIFEST_INVALID = "manifest_invalid"
+    MANIFEST_INCOMPATIBLE = "manifest_incompatible"
+    PAYLOAD_INVALID = "payload_invalid"
+    CHECKSUM_MISMATCH = "checksum_mismatch"
+    ARTIFACT_DENIED = "artifact_denied"
+    IDENTITY_COLLISION = "identity_collision"
+    PRODUCER_FAILED = "producer_failed"
+    PUBLICATION_FAILED = "publication_failed"
+    ARTIFACT_TOO_LARGE = "artifact_too_large"
+    STORE_LIMIT_EXCEEDED = "store_limit_exceeded"
+    INSUFFICIENT_CAPACITY = "insufficient_capacity"
+    NO_SPACE = "no_space"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    ACTIVE_BUILD = "active_build"
+    ACTIVE_LEASE = "active_lease"
+    LEASE_CLOSE_FAILED = "lease_close_failed"
+    UNEXPECTED_STATUS = "unexpected_status"
+    CANONICAL_SOURCE_FAILED = "canonical_source_failed"
+    RESTORE_FAILED = "restore_failed"
+    REMOTE_FAILED = "remote_failed"
+    NOT_FOUND = "not_found"
+
+
+@dataclass(frozen=True, slots=True)
+class HostWeightFailure:
+    """A failure as a value: code, stage, retryability, a message that says what to do, details."""
+
+    stage: ResolutionStage
+    code: FailureCode
+    retryable: bool
+    message: str
+    details: CanonicalJson = field(default_factory=CanonicalJson.empty)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stage, ResolutionStage):
+            raise ValueError("HostWeightFailure.stage must be a ResolutionStage")
+        if not isinstance(self.code, FailureCode):
+            raise ValueError("HostWeightFailure.code must be a FailureCode")
+        if type(self.retryable) is not bool:
+            raise ValueError("HostWeightFailure.retryable must be a bool")
+        if not isinstance(self.details, CanonicalJson):
+            raise ValueError("HostWeightFailure.details must be CanonicalJson")
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            "stage": self.stage.value,
+            "code": self.code.value,
+            "retryable": self.retryable,
+            "message": self.message,
+            "details": self.details.to_value(),
+        }
+
+    @classmethod
+    def from_dict(cls, value: object) -> HostWeightFailure:
+        where = "failure"
+        obj = require_object(value, where)
+        require_exact_keys(obj, frozenset({"stage", "code", "retryable", "message", "details"}), where)
+        return cls(
+            stage=ResolutionStage(get_str(obj, "stage", where)),
+            code=FailureCode(get_str(obj, "code", where)),
+            retryable=get_bool(obj, "retryable", where),
+            message=get_str(obj, "message", where),
+            details=get_json(obj, "details", where),
+        )
+
+    def with_stage(self, stage: ResolutionStage) -> HostWeightFailure:
+        return HostWeightFailure(stage, self.code, self.retryable, self.message, self.details)
+
+
+def failure(
+    stage: ResolutionStage,
+    code: FailureCode,
+    message: str,
+    *,
+    retryable: bool = False,
+    **details: JsonValue,
+) -> HostWeightFailure:
+    """Shorthand used inside the library to build a failure value."""
+    return HostWeightFailure(stage, code, retryable, message, CanonicalJson.from_value(details))
+
+
+class HostWeightError(Exception):
+    """The exception form of a `HostWeightFailure`, used inside the library and by callers of REQUIRED."""
+
+    def __init__(self, failure: HostWeightFailure) -> None:
+        super().__init__(f"[{failure.code.value}] {failure.message}")
+        self.failure = failure
+
+    @property
+    def code(self) -> FailureCode:
+        return self.failure.code
+
+    @property
+    def retryable(self) -> bool:
+        return self.failure.retryable
+
+    def __reduce__(self) -> tuple[type[HostWeightError], tuple[HostWeightFailure]]:
+        return (type(self), (self.failure,))
+
+
+def raise_failure(
+    stage: ResolutionStage,
+    code: FailureCode,
+    message: str,
+    *,
+    retryable: bool = False,
+    **details: JsonValue,
+) -> HostWeightError:
+    """Build the exception for a failure (callers write `raise raise_failure(...)`)."""
+    return HostWeightError(failure(stage, code, message, retryable=retryable, **details))

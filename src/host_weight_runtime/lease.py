@@ -1,0 +1,222 @@
+"""Leases: memory-mapped, read-only-in-effect CPU tensors over a published artifact.
+
+A lease holds the artifact lock shared for its whole life, so cleanup can never
+remove an artifact under a live reader. Mappings are private copy-on-write: a
+consumer that writes to a tensor gets its own page and the artifact never changes.
+Closing drops the lease's references; a mapping is unmapped when the last tensor
+that views it is gone, so closing can never leave a dangling tensor.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType, TracebackType
+from typing import NoReturn, Protocol
+
+import torch
+
+from .canonical_json import JsonValue
+from .failures import FailureCode, ResolutionStage, raise_failure
+from .identity import WeightArtifactIdentity
+from .manifest import WeightManifest
+from .tensors import ValidationLevel
+
+
+class LeaseSource(str, enum.Enum):
+    """How a lease was obtained."""
+
+    LOCAL_HIT = "local_hit"
+    BUILT = "built"
+    JOINED = "joined"
+    REMOTE_IMPORT = "remote_import"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseProvenance:
+    """Where a lease's bytes came from and how they were checked."""
+
+    source: LeaseSource
+    domain_id: str
+    artifact_dir: str
+    publication_id: str
+    validation: ValidationLevel
+    pid: int
+    acquired_at_ns: int
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            "source": self.source.value,
+            "domain_id": self.domain_id,
+            "artifact_dir": self.artifact_dir,
+            "publication_id": self.publication_id,
+            "validation": self.validation.value,
+            "pid": self.pid,
+            "acquired_at_ns": self.acquired_at_ns,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MappedHostRegion:
+    """One mapped payload file: what a transport needs to register host memory."""
+
+    file: str
+    address: int
+    length: int
+    device: int
+    inode: int
+
+
+class LeaseLock(Protocol):
+    """The shared artifact lock a lease holds; released exactly once by `close`."""
+
+    def release(self) -> None: ...
+
+
+class HostWeightLease:
+    """Validated, mapped tensors of one artifact; close it (or use `with`) when done."""
+
+    __slots__ = (
+        "__weakref__",
+        "_close_guard",
+        "_closed",
+        "_identity",
+        "_lock",
+        "_manifest",
+        "_mappings",
+        "_provenance",
+        "_regions",
+        "_tensors",
+    )
+
+    def __init__(
+        self,
+        *,
+        identity: WeightArtifactIdentity,
+        manifest: WeightManifest,
+        tensors: Mapping[str, torch.Tensor],
+        regions: tuple[MappedHostRegion, ...],
+        provenance: LeaseProvenance,
+        mappings: tuple[object, ...],
+        lock: LeaseLock,
+    ) -> None:
+        self._identity = identity
+        self._manifest = manifest
+        self._tensors: Mapping[str, torch.Tensor] | None = MappingProxyType(dict(tensors))
+        self._regions = regions
+        self._provenance = provenance
+        self._mappings: tuple[object, ...] = mappings
+        self._lock: LeaseLock | None = lock
+        self._closed = False
+        self._close_guard = threading.Lock()
+
+    @property
+    def identity(self) -> WeightArtifactIdentity:
+        return self._identity
+
+    @property
+    def manifest(self) -> WeightManifest:
+        return self._manifest
+
+    @property
+    def tensors(self) -> Mapping[str, torch.Tensor]:
+        """Read-only name -> CPU tensor mapping viewing the mapped payloads."""
+        tensors = self._tensors
+        if tensors is None:
+            raise raise_failure(
+                ResolutionStage.LEASE,
+                FailureCode.INVALID_CONFIGURATION,
+                "this lease is closed; obtain a new one from the store",
+            )
+        return tensors
+
+    @property
+    def mapped_regions(self) -> tuple[MappedHostRegion, ...]:
+        return self._regions
+
+    @property
+    def provenance(self) -> LeaseProvenance:
+        return self._provenance
+
+    @property
+    def publication_id(self) -> str:
+        return self._provenance.publication_id
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Release the shared lock and the lease's references; idempotent and thread-safe."""
+        with self._close_guard:
+            if self._closed:
+                return
+            lock = self._lock
+            self._tensors = None
+            self._mappings = ()
+            self._lock = None
+            try:
+                if lock is not None:
+                    lock.release()
+            finally:
+                self._closed = True
+
+    def __enter__(self) -> HostWeightLease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            "HostWeightLease cannot be pickled: it owns mappings and a lock of this process; "
+            "send the identity and look it up in the other process"
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (
+            f"HostWeightLease(key={self._identity.key[:12]}..., tensors={len(self._manifest.tensors)}, "
+            f"source={self._provenance.source.value}, {state})"
+        )
+
+
+class HostWeightLeaseCarrier:
+    """Hands one lease to exactly one new owner; a second `take` fails."""
+
+    __slots__ = ("_guard", "_lease")
+
+    def __init__(self, lease: HostWeightLease) -> None:
+        self._lease: HostWeightLease | None = lease
+        self._guard = threading.Lock()
+
+    @property
+    def taken(self) -> bool:
+        return self._lease is None
+
+    def take(self) -> HostWeightLease:
+        with self._guard:
+            lease = self._lease
+            if lease is None:
+                raise raise_failure(
+                    ResolutionStage.LEASE,
+                    FailureCode.INVALID_CONFIGURATION,
+                    "this lease carrier was already taken; a lease has exactly one owner",
+                )
+            self._lease = None
+            return lease
+
+    def close(self) -> None:
+        """Close the lease if nobody took it."""
+        with self._guard:
+            lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.close()
+

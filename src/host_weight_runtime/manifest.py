@@ -1,0 +1,350 @@
+"""The manifest and READY marker: the two files that make an artifact directory an artifact.
+
+Both are canonical JSON. The manifest lists every file and tensor with its digest;
+READY.json is written last and names the manifest's digest, so a reader that finds
+READY.json knows which manifest bytes it must see.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from ._strict import (
+    get_int,
+    get_int_tuple,
+    get_json,
+    get_list,
+    get_str,
+    require_exact_keys,
+    require_object,
+)
+from .canonical_json import CanonicalJson, JsonValue, decode_json, encode_canonical
+from .identity import WeightArtifactIdentity
+from .tensors import TensorKind, contiguous_strides, dtype_from_code, dtype_itemsize, numel_of
+
+MANIFEST_SCHEMA_VERSION = 1
+READY_SCHEMA_VERSION = 1
+MANIFEST_FILE_NAME = "manifest.json"
+READY_FILE_NAME = "READY.json"
+PAYLOAD_SUFFIX = ".safetensors"
+RESERVED_FILE_NAMES = frozenset({MANIFEST_FILE_NAME, READY_FILE_NAME})
+MAX_FILE_NAME_LENGTH = 200
+
+
+def validate_file_name(name: str) -> str:
+    """Accept exactly one safe basename ending in .safetensors; raise ValueError otherwise."""
+    if type(name) is not str or not name:
+        raise ValueError("a payload file name must be a non-empty string")
+    if name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
+        raise ValueError(f"payload file name {name!r} must be one plain basename (no '/', '.' or '..')")
+    if name.startswith("."):
+        raise ValueError(f"payload file name {name!r} must not start with '.'")
+    if len(name) > MAX_FILE_NAME_LENGTH:
+        raise ValueError(f"payload file name is longer than {MAX_FILE_NAME_LENGTH} characters")
+    if name in RESERVED_FILE_NAMES:
+        raise ValueError(f"payload file name {name!r} is reserved")
+    if not name.endswith(PAYLOAD_SUFFIX) or name == PAYLOAD_SUFFIX:
+        raise ValueError(f"payload file name {name!r} must end with {PAYLOAD_SUFFIX}")
+    return name
+
+
+def _hex_digest(value: str, where: str) -> str:
+    if len(value) != 64 or any(ch not in "0123456789abcdef" for ch in value):
+        raise ValueError(f"{where} must be a 64-character lowercase hex digest")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class TensorManifestEntry:
+    """One tensor: where it lives, what it is, and the digest of its bytes."""
+
+    name: str
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    data_offsets: tuple[int, int]
+    kind: TensorKind
+    role: str
+    digest: str
+
+    def __post_init__(self) -> None:
+        if type(self.name) is not str or not self.name:
+            raise ValueError("tensor name must be a non-empty string")
+        validate_file_name(self.file)
+        dtype = dtype_from_code(self.dtype)
+        if any(type(d) is not int or d < 0 for d in self.shape):
+            raise ValueError(f"tensor {self.name}: shape must hold non-negative integers")
+        if self.strides != contiguous_strides(self.shape):
+            raise ValueError(f"tensor {self.name}: strides {self.strides} are not contiguous for {self.shape}")
+        begin, end = self.data_offsets
+        if type(begin) is not int or type(end) is not int or begin < 0 or end < begin:
+            raise ValueError(f"tensor {self.name}: bad data_offsets {self.data_offsets}")
+        if end - begin != numel_of(self.shape) * dtype_itemsize(dtype):
+            raise ValueError(f"tensor {self.name}: data_offsets do not match shape and dtype")
+        if not isinstance(self.kind, TensorKind):
+            raise ValueError(f"tensor {self.name}: kind must be a TensorKind")
+        _hex_digest(self.digest, f"tensor {self.name} digest")
+
+    @property
+    def nbytes(self) -> int:
+        return self.data_offsets[1] - self.data_offsets[0]
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            "name": self.name,
+            "file": self.file,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "strides": list(self.strides),
+            "data_offsets": list(self.data_offsets),
+            "kind": self.kind.value,
+            "role": self.role,
+            "digest": self.digest,
+        }
+
+    @classmethod
+    def from_dict(cls, value: object) -> TensorManifestEntry:
+        where = "manifest.tensors[]"
+        obj = require_object(value, where)
+        require_exact_keys(
+            obj,
+            frozenset({"name", "file", "dtype", "shape", "strides", "data_offsets", "kind", "role", "digest"}),
+            where,
+        )
+        offsets = get_int_tuple(obj, "data_offsets", where)
+        if len(offsets) != 2:
+            raise ValueError(f"{where}.data_offsets must have two integers")
+        return cls(
+            name=get_str(obj, "name", where),
+            file=get_str(obj, "file", where),
+            dtype=get_str(obj, "dtype", where),
+            shape=get_int_tuple(obj, "shape", where),
+            strides=get_int_tuple(obj, "strides", where),
+            data_offsets=(offsets[0], offsets[1]),
+            kind=TensorKind(get_str(obj, "kind", where)),
+            role=get_str(obj, "role", where),
+            digest=get_str(obj, "digest", where),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FileManifestEntry:
+    """One payload file: exact size, header size and the digest of all its bytes."""
+
+    name: str
+    size: int
+    header_size: int
+    digest: str
+    tensors: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        validate_file_name(self.name)
+        if type(self.size) is not int or type(self.header_size) is not int:
+            raise ValueError(f"file {self.name}: size and header_size must be integers")
+        if self.header_size < 8 or self.size < self.header_size:
+            raise ValueError(f"file {self.name}: inconsistent size {self.size} / header {self.header_size}")
+        _hex_digest(self.digest, f"file {self.name} digest")
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            "name": self.name,
+            "size": self.size,
+            "header_size": self.header_size,
+            "digest": self.digest,
+            "tensors": list(self.tensors),
+        }
+
+    @classmethod
+    def from_dict(cls, value: object) -> FileManifestEntry:
+        where = "manifest.files[]"
+        obj = require_object(value, where)
+        require_exact_keys(obj, frozenset({"name", "size", "header_size", "digest", "tensors"}), where)
+        names = get_list(obj, "tensors", where)
+        if any(type(item) is not str for item in names):
+            raise ValueError(f"{where}.tensors must hold strings")
+        return cls(
+            name=get_str(obj, "name", where),
+            size=get_int(obj, "size", where),
+            header_size=get_int(obj, "header_size", where),
+            digest=get_str(obj, "digest", where),
+            tensors=tuple(str(item) for item in names),
+        )
+
+
+_MANIFEST_KEYS = frozenset(
+    {
+        "schema_version",
+        "identity",
+        "identity_key",
+        "producer_schema",
+        "restorer_schema",
+        "format_metadata",
+        "digest_algorithm",
+        "digest_chunk_bytes",
+        "files",
+        "tensors",
+        "content_digest",
+        "total_bytes",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightManifest:
+    """Everything a reader needs to validate an artifact and map its tensors."""
+
+    identity: WeightArtifactIdentity
+    producer_schema: str
+    restorer_schema: str
+    digest_algorithm: str
+    digest_chunk_bytes: int
+    files: tuple[FileManifestEntry, ...]
+    tensors: tuple[TensorManifestEntry, ...]
+    content_digest: str
+    format_metadata: CanonicalJson = field(default_factory=CanonicalJson.empty)
+    schema_version: int = MANIFEST_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.schema_version != MANIFEST_SCHEMA_VERSION:
+            raise ValueError(f"manifest schema_version {self.schema_version} is not supported")
+        _hex_digest(self.content_digest, "manifest content_digest")
+        file_names = [entry.name for entry in self.files]
+        if len(set(file_names)) != len(file_names):
+            raise ValueError("manifest lists a payload file twice")
+        tensor_names = [entry.name for entry in self.tensors]
+        if len(set(tensor_names)) != len(tensor_names):
+            raise ValueError("manifest lists a tensor twice")
+        known_files = set(file_names)
+        for entry in self.tensors:
+            if entry.file not in known_files:
+                raise ValueError(f"tensor {entry.name} lives in unlisted file {entry.file}")
+        listed = sorted(name for entry in self.files for name in entry.tensors)
+        if listed != sorted(tensor_names):
+            raise ValueError("the files' tensor lists do not match the manifest's tensors")
+
+    @property
+    def identity_key(self) -> str:
+        return self.identity.key
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(entry.size for entry in self.files)
+
+    def tensor(self, name: str) -> TensorManifestEntry:
+        for entry in self.tensors:
+            if entry.name == name:
+                return entry
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            "schema_version": self.schema_version,
+            "identity": self.identity.to_dict(),
+            "identity_key": self.identity_key,
+            "producer_schema": self.producer_schema,
+            "restorer_schema": self.restorer_schema,
+            "format_metadata": self.format_metadata.to_value(),
+            "digest_algorithm": self.digest_algorithm,
+            "digest_chunk_bytes": self.digest_chunk_bytes,
+            "files": [entry.to_dict() for entry in self.files],
+            "tensors": [entry.to_dict() for entry in self.tensors],
+            "content_digest": self.content_digest,
+            "total_bytes": self.total_bytes,
+        }
+
+    def to_bytes(self) -> bytes:
+        return encode_canonical(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, value: object) -> WeightManifest:
+        obj = require_object(value, "manifest")
+        require_exact_keys(obj, _MANIFEST_KEYS, "manifest")
+        manifest = cls(
+            schema_version=get_int(obj, "schema_version", "manifest"),
+            identity=WeightArtifactIdentity.from_dict(obj["identity"]),
+            producer_schema=get_str(obj, "producer_schema", "manifest"),
+            restorer_schema=get_str(obj, "restorer_schema", "manifest"),
+            format_metadata=get_json(obj, "format_metadata", "manifest"),
+            digest_algorithm=get_str(obj, "digest_algorithm", "manifest"),
+            digest_chunk_bytes=get_int(obj, "digest_chunk_bytes", "manifest"),
+            files=tuple(FileManifestEntry.from_dict(item) for item in get_list(obj, "files", "manifest")),
+            tensors=tuple(
+                TensorManifestEntry.from_dict(item) for item in get_list(obj, "tensors", "manifest")
+            ),
+            content_digest=get_str(obj, "content_digest", "manifest"),
+        )
+        if get_str(obj, "identity_key", "manifest") != manifest.identity_key:
+            raise ValueError("manifest identity_key does not match its identity")
+        if get_int(obj, "total_bytes", "manifest") != manifest.total_bytes:
+            raise ValueError("manifest total_bytes does not match its files")
+        return manifest
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> WeightManifest:
+        """Parse manifest bytes, which must be canonical JSON."""
+        return cls.from_dict(CanonicalJson(data).to_value())
+
+
+@dataclass(frozen=True, slots=True)
+class PublicationMarker:
+    """READY.json: written last; names the exact manifest bytes of this publication."""
+
+    identity_key: str
+    publication_id: str
+    manifest_sha256: str
+    content_digest: str
+    published_at_ns: int
+    schema_version: int = READY_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.schema_version != READY_SCHEMA_VERSION:
+            raise ValueError(f"READY schema_version {self.schema_version} is not supported")
+        _hex_digest(self.identity_key, "READY identity_key")
+        _hex_digest(self.manifest_sha256, "READY manifest_sha256")
+        _hex_digest(self.content_digest, "READY content_digest")
+        if type(self.publication_id) is not str or not self.publication_id:
+            raise ValueError("READY publication_id must be a non-empty string")
+        if type(self.published_at_ns) is not int or self.published_at_ns < 0:
+            raise ValueError("READY published_at_ns must be a non-negative integer")
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            "schema_version": self.schema_version,
+            "identity_key": self.identity_key,
+            "publication_id": self.publication_id,
+            "manifest_sha256": self.manifest_sha256,
+            "content_digest": self.content_digest,
+            "published_at_ns": self.published_at_ns,
+        }
+
+    def to_bytes(self) -> bytes:
+        return encode_canonical(self.to_dict())
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PublicationMarker:
+        obj = require_object(decode_json(CanonicalJson(data).data), "READY")
+        keys = frozenset(
+            {
+                "schema_version",
+                "identity_key",
+                "publication_id",
+                "manifest_sha256",
+                "content_digest",
+                "published_at_ns",
+            }
+        )
+        require_exact_keys(obj, keys, "READY")
+        return cls(
+            schema_version=get_int(obj, "schema_version", "READY"),
+            identity_key=get_str(obj, "identity_key", "READY"),
+            publication_id=get_str(obj, "publication_id", "READY"),
+            manifest_sha256=get_str(obj, "manifest_sha256", "READY"),
+            content_digest=get_str(obj, "content_digest", "READY"),
+            published_at_ns=get_int(obj, "published_at_ns", "READY"),
+        )
+
+
+def manifest_sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
