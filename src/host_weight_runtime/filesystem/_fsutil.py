@@ -1,0 +1,144 @@
+"""Small, careful file primitives the store is built from.
+
+Atomic replacement is write-to-temp, fsync, rename, fsync the parent: the parent
+fsync is what makes the new name durable. A rename never falls back to copying, so
+a half-copied file can never appear under a final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from ..failures import FailureCode, HostWeightFailure, ResolutionStage, failure
+
+__all__ = [
+    "DEFAULT_SMALL_FILE_LIMIT",
+    "errno_name",
+    "failure_from_os_error",
+    "fsync_dir",
+    "read_small_file",
+    "write_file_atomic",
+]
+
+DEFAULT_SMALL_FILE_LIMIT = 16 * 1024 * 1024
+
+_RETRYABLE_CODES: dict[int, FailureCode] = {
+    errno.ENOSPC: FailureCode.NO_SPACE,
+    errno.EDQUOT: FailureCode.QUOTA_EXCEEDED,
+    errno.EIO: FailureCode.IO_ERROR,
+}
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the directory entries of `path` durable (new names, renames, removals)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_atomic(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    """Replace `path` with `data` so readers see the old file or the complete new one.
+
+    The temporary name is unique per process and call and lives in the same directory,
+    so the rename cannot cross filesystems; if it still fails with EXDEV that is an
+    error, never a copy. On any failure the temporary file is removed.
+    """
+    parent = path.parent
+    temp = parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    renamed = False
+    try:
+        try:
+            os.fchmod(fd, mode)  # the umask must not change what the caller asked for
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(temp, path)
+        renamed = True
+        fsync_dir(parent)
+    finally:
+        if not renamed:
+            _remove_quietly(temp)
+
+
+def _remove_quietly(path: Path) -> None:
+    """Remove a temporary file we created; it being gone already is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def read_small_file(path: Path, limit: int = DEFAULT_SMALL_FILE_LIMIT) -> bytes:
+    """Read a small regular file without following a symlink at its final component.
+
+    Raises OSError from the OS (ELOOP for a symlink, ENOENT, ...) and ValueError when
+    the path is not a regular file or is larger than `limit` bytes.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise ValueError(f"{path} is {info.st_size} bytes, more than the {limit}-byte limit")
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise ValueError(f"{path} grew past the {limit}-byte limit while being read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def errno_name(number: int | None) -> str:
+    """The symbolic errno name (ENOSPC), or UNKNOWN when there is none."""
+    if number is None:
+        return "UNKNOWN"
+    return errno.errorcode.get(number, f"E{number}")
+
+
+def failure_from_os_error(exc: OSError, *, stage: ResolutionStage, what: str) -> HostWeightFailure:
+    """Type an OSError: out-of-space, quota and EIO are retryable; anything else is not.
+
+    `what` names the operation as a gerund phrase ("writing the deny marker").
+    """
+    name = errno_name(exc.errno)
+    code = _RETRYABLE_CODES.get(exc.errno) if exc.errno is not None else None
+    retryable = code is not None
+    filename = os.fsdecode(exc.filename) if isinstance(exc.filename, (str, bytes, os.PathLike)) else None
+    reason = exc.strerror or str(exc)
+    if code is FailureCode.NO_SPACE:
+        advice = "free space on the domain's filesystem (or lower what other builds use) and retry"
+    elif code is FailureCode.QUOTA_EXCEEDED:
+        advice = "the user's disk quota is exhausted; free some of it or raise the quota, then retry"
+    elif code is FailureCode.IO_ERROR:
+        advice = "the device reported an I/O error; retry, and check the disk if it persists"
+    else:
+        advice = "check the path, its permissions and the filesystem"
+    where = f" ({filename})" if filename else ""
+    message = f"{what} failed{where}: {reason} [{name}]; {advice}"
+    return failure(
+        stage,
+        code if code is not None else FailureCode.IO_ERROR,
+        message,
+        retryable=retryable,
+        errno=name,
+        what=what,
+        path=filename,
+    )

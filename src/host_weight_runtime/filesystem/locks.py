@@ -1,0 +1,203 @@
+"""flock-based locks on lock files that live outside the artifact directories.
+
+A `FileLock` is one open descriptor holding one flock. flock locks belong to the
+open file description, which a forked child shares: if the child unlocked it, the
+parent would silently lose its lock. So a release in a process other than the one
+that took the lock only closes the inherited descriptor (S20). Lock files are never
+unlinked, because unlinking one while another process waits on it would let two
+processes "hold" the same lock on different inodes.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import threading
+import time
+import weakref
+from pathlib import Path
+from types import TracebackType
+from typing import NoReturn
+
+from ..failures import FailureCode, HostWeightError, ResolutionStage, raise_failure
+from ._fsutil import failure_from_os_error
+
+__all__ = ["FileLock", "acquire_lock", "try_lock"]
+
+_BACKOFF_START_S = 0.001
+_BACKOFF_MAX_S = 0.020
+
+# Every live lock, so a forked child can replace their mutexes: a mutex held by some
+# other thread at fork time would otherwise stay locked forever in the child.
+_live_locks: weakref.WeakSet[FileLock] = weakref.WeakSet()
+
+
+def _reset_mutexes_after_fork() -> None:
+    for lock in list(_live_locks):
+        lock._mutex = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_mutexes_after_fork)
+
+
+class FileLock:
+    """One held flock on one lock file; release it exactly once (further releases do nothing)."""
+
+    __slots__ = ("__weakref__", "_exclusive", "_fd", "_mutex", "_owner_pid", "_path")
+
+    def __init__(self, path: Path, fd: int, *, exclusive: bool) -> None:
+        self._path = path
+        self._fd = fd
+        self._exclusive = exclusive
+        self._owner_pid = os.getpid()
+        self._mutex = threading.Lock()
+        _live_locks.add(self)
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def exclusive(self) -> bool:
+        return self._exclusive
+
+    @property
+    def held(self) -> bool:
+        """True while this process holds the lock (never in a forked child)."""
+        with self._mutex:
+            return self._fd >= 0 and os.getpid() == self._owner_pid
+
+    def release(self) -> None:
+        """Unlock and close; in a forked child only close, so the parent keeps its lock."""
+        with self._mutex:
+            fd, self._fd = self._fd, -1
+            if fd < 0:
+                return
+            try:
+                if os.getpid() == self._owner_pid:
+                    # Unlock explicitly: a forked child may still share this open file
+                    # description, and then closing our descriptor alone would not unlock.
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+    def downgrade(self) -> None:
+        """Turn an exclusive lock into a shared one on the same descriptor.
+
+        Linux converts a flock under one spinlock, so no other exclusive holder can
+        slip in; flock(2) does not promise that everywhere, so callers that need the
+        guarantee re-check what the lock protects afterwards.
+        """
+        with self._mutex:
+            if self._fd < 0 or os.getpid() != self._owner_pid:
+                raise RuntimeError(f"cannot downgrade {self._path}: this process does not hold the lock")
+            if not self._exclusive:
+                return
+            fcntl.flock(self._fd, fcntl.LOCK_SH)
+            self._exclusive = False
+
+    def __enter__(self) -> FileLock:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("a FileLock cannot be pickled; each process takes its own lock")
+
+    def __del__(self) -> None:
+        # A lock that is garbage-collected still releases its descriptor; the explicit
+        # release() is the contract, this only keeps a leak from holding a lock forever.
+        if getattr(self, "_fd", -1) >= 0:
+            self.release()
+
+    def __repr__(self) -> str:
+        kind = "exclusive" if self._exclusive else "shared"
+        state = "held" if self._fd >= 0 else "released"
+        return f"FileLock({str(self._path)!r}, {kind}, {state})"
+
+
+def _open_lock_file(path: Path) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+
+
+def _try_flock(fd: int, exclusive: bool) -> bool:
+    """One non-blocking attempt; False when another process holds a conflicting lock."""
+    operation = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+    try:
+        fcntl.flock(fd, operation)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        raise
+    return True
+
+
+def try_lock(path: Path, *, exclusive: bool) -> FileLock | None:
+    """Take the lock now or return None; never waits. OS errors propagate as OSError."""
+    fd = _open_lock_file(path)
+    try:
+        if _try_flock(fd, exclusive):
+            return FileLock(path, fd, exclusive=exclusive)
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
+
+
+def acquire_lock(
+    path: Path,
+    *,
+    exclusive: bool,
+    deadline: float | None,
+    stage: ResolutionStage,
+    what: str,
+) -> FileLock:
+    """Wait for the lock until `deadline` (a time.monotonic() value; None waits forever).
+
+    Polls with a short backoff rather than blocking in flock, so a deadline is honoured
+    without signals. A timeout raises LOCK_TIMEOUT (retryable) and disturbs nobody:
+    the holder keeps its lock and its work.
+    """
+    started = time.monotonic()
+    try:
+        fd = _open_lock_file(path)
+    except OSError as exc:
+        raise HostWeightError(failure_from_os_error(exc, stage=stage, what=f"opening {what}")) from exc
+    backoff = _BACKOFF_START_S
+    try:
+        while True:
+            if _try_flock(fd, exclusive):
+                return FileLock(path, fd, exclusive=exclusive)
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                waited = now - started
+                kind = "exclusive" if exclusive else "shared"
+                raise raise_failure(
+                    stage,
+                    FailureCode.LOCK_TIMEOUT,
+                    f"timed out after {waited:.3f}s waiting for {what} ({path}, {kind}): another process "
+                    f"on this node holds it. Retry later; if the holder is a long build, raise the lock "
+                    f"timeout (HWR_LOCK_TIMEOUT_S); if no HWR process is running, the holder is stuck and "
+                    f"must be stopped (lock files are safe to keep)",
+                    retryable=True,
+                    path=str(path),
+                    what=what,
+                    exclusive=exclusive,
+                )
+            pause = backoff if deadline is None else min(backoff, max(deadline - now, 0.0))
+            time.sleep(pause)
+            backoff = min(backoff * 2, _BACKOFF_MAX_S)
+    except OSError as exc:
+        os.close(fd)
+        raise HostWeightError(failure_from_os_error(exc, stage=stage, what=f"locking {what}")) from exc
+    except BaseException:
+        os.close(fd)
+        raise
