@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from .canonical_json import encode_canonical
@@ -19,6 +19,11 @@ DIGEST_ALGORITHM = "sha256-tree-v1"
 DIGEST_CHUNK_BYTES = 8 * 1024 * 1024
 _TREE_TAG = b"hwr/sha256-tree-v1\x00"
 _FILE_TAG = b"hwr/file-v1\x00"
+
+
+def _check_chunk_bytes(chunk_bytes: int) -> None:
+    if type(chunk_bytes) is not int or chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be a positive integer, got {chunk_bytes!r}")
 
 
 def _combine(length: int, chunk_digests: Iterable[bytes]) -> str:
@@ -35,6 +40,7 @@ class TreeHasher:
     __slots__ = ("_chunk", "_chunk_bytes", "_chunk_digests", "_chunk_fill", "_length")
 
     def __init__(self, chunk_bytes: int = DIGEST_CHUNK_BYTES) -> None:
+        _check_chunk_bytes(chunk_bytes)
         self._chunk_bytes = chunk_bytes
         self._chunk = hashlib.sha256()
         self._chunk_fill = 0
@@ -82,8 +88,10 @@ def tree_digests_parallel(
     *,
     chunk_bytes: int = DIGEST_CHUNK_BYTES,
     threads: int | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[str]:
     """Digests of many buffers, every chunk of every buffer hashed on a thread pool."""
+    _check_chunk_bytes(chunk_bytes)
     jobs: list[tuple[int, memoryview]] = []
     counts: list[int] = []
     for index, buffer in enumerate(buffers):
@@ -94,11 +102,20 @@ def tree_digests_parallel(
         counts.append(len(pieces))
         jobs.extend((index, piece) for piece in pieces)
     worker_count = threads if threads is not None else default_hash_threads()
+    pieces_only = [piece for _, piece in jobs]
     if worker_count <= 1 or len(jobs) <= 1:
-        chunk_results = [_chunk_digest(piece) for _, piece in jobs]
+        chunk_results = []
+        for piece in pieces_only:
+            chunk_results.append(_chunk_digest(piece))
+            if progress is not None:
+                progress(len(piece))
     else:
         with ThreadPoolExecutor(max_workers=worker_count, thread_name_prefix="hwr-hash") as pool:
-            chunk_results = list(pool.map(_chunk_digest, [piece for _, piece in jobs]))
+            chunk_results = []
+            for piece, digest in zip(pieces_only, pool.map(_chunk_digest, pieces_only), strict=True):
+                chunk_results.append(digest)
+                if progress is not None:
+                    progress(len(piece))
     results: list[str] = []
     position = 0
     for index, count in enumerate(counts):

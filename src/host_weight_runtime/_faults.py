@@ -4,7 +4,8 @@ Library code calls `fault_point("publication.after_manifest")` at the places whe
 crash or an I/O error matters. Unarmed, a point does nothing. Tests arm a point in the
 process that should fail (a spawned child for crashes) and the next pass through it
 either kills the process with SIGKILL, raises an OSError with the chosen errno, or
-waits on a file descriptor so a test can hold a process at an exact step.
+calls a hook (which may report over a pipe and block) so a test can hold a process
+at an exact step.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import errno as errno_module
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -27,12 +28,11 @@ class FaultAction(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """What an armed point does: crash, raise `errno`, or report on `notify_fd` and block on `wait_fd`."""
+    """What an armed point does: crash, raise `errno`, or call `hook(point)` (PAUSE)."""
 
     action: FaultAction
     errno: int = errno_module.EIO
-    notify_fd: int = -1
-    wait_fd: int = -1
+    hook: Callable[[str], None] | None = None
     times: int = 1
 
 
@@ -76,8 +76,5 @@ def fault_point(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif fault.action is FaultAction.RAISE_OSERROR:
         raise OSError(fault.errno, f"{os.strerror(fault.errno)} (injected at {point})")
-    elif fault.action is FaultAction.PAUSE:
-        if fault.notify_fd >= 0:
-            os.write(fault.notify_fd, point.encode() + b"\n")
-        if fault.wait_fd >= 0:
-            os.read(fault.wait_fd, 1)
+    elif fault.action is FaultAction.PAUSE and fault.hook is not None:
+        fault.hook(point)

@@ -18,6 +18,7 @@ from typing import NoReturn, Protocol
 
 import torch
 
+from ._faults import fault_point
 from .canonical_json import JsonValue
 from .failures import FailureCode, ResolutionStage, raise_failure
 from .identity import WeightArtifactIdentity
@@ -150,9 +151,11 @@ class HostWeightLease:
 
     def close(self) -> None:
         """Release the shared lock and the lease's references; idempotent and thread-safe."""
+        fault_point("lease.close_enter")
         with self._close_guard:
             if self._closed:
                 return
+            fault_point("lease.teardown")
             lock = self._lock
             self._tensors = None
             self._mappings = ()

@@ -65,6 +65,7 @@ class CleanupResult:
     status: CleanupStatus
     removed_bytes: int = 0
     removed_paths: tuple[str, ...] = ()
+    dry_run: bool = False
     failure: HostWeightFailure | None = None
 
     def to_dict(self) -> dict[str, JsonValue]:
@@ -73,6 +74,7 @@ class CleanupResult:
             "status": self.status.value,
             "removed_bytes": self.removed_bytes,
             "removed_paths": list(self.removed_paths),
+            "dry_run": self.dry_run,
             "failure": None if self.failure is None else self.failure.to_dict(),
         }
 

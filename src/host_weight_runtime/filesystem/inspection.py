@@ -1,0 +1,96 @@
+"""Read-only snapshots of a domain and its artifacts, for `hwr inspect` and operators.
+
+Inspection never writes: it does not deny, quarantine or remove anything.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ..canonical_json import JsonValue
+from ..failures import HostWeightFailure
+from .capacity import CapacitySnapshot
+
+
+class ArtifactState(str, enum.Enum):
+    READY = "ready"
+    DENIED = "denied"
+    INVALID = "invalid"
+    QUARANTINED = "quarantined"
+    TEMPORARY = "temporary"
+    MISSING = "missing"
+
+
+@dataclass(frozen=True, slots=True)
+class LockActivity:
+    """Whether someone holds a key's build lock or its artifact lock right now."""
+
+    build_active: bool
+    lease_active: bool
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {"build_active": self.build_active, "lease_active": self.lease_active}
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactInspection:
+    """One entry of a domain's inventory."""
+
+    key: str
+    state: ArtifactState
+    path: str
+    size_bytes: int
+    locks: LockActivity
+    publication_id: str | None = None
+    model_id: str | None = None
+    tensor_count: int | None = None
+    problem: HostWeightFailure | None = None
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            "key": self.key,
+            "state": self.state.value,
+            "path": self.path,
+            "size_bytes": self.size_bytes,
+            "locks": self.locks.to_dict(),
+            "publication_id": self.publication_id,
+            "model_id": self.model_id,
+            "tensor_count": self.tensor_count,
+            "problem": None if self.problem is None else self.problem.to_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DomainInspection:
+    """A domain's identity, filesystem, capacity and inventory."""
+
+    root: str
+    domain_id: str
+    scope: str
+    storage_class: str
+    fs_type: str
+    huge_pages: str | None
+    capacity: CapacitySnapshot
+    artifacts: tuple[ArtifactInspection, ...]
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        policy = self.capacity.policy
+        return {
+            "root": self.root,
+            "domain_id": self.domain_id,
+            "scope": self.scope,
+            "storage_class": self.storage_class,
+            "fs_type": self.fs_type,
+            "huge_pages": self.huge_pages,
+            "capacity": {
+                "total_bytes": self.capacity.total_bytes,
+                "free_bytes": self.capacity.free_bytes,
+                "store_bytes": self.capacity.store_bytes,
+                "is_memory": self.capacity.is_memory,
+                "max_artifact_bytes": policy.max_artifact_bytes,
+                "max_store_bytes": policy.max_store_bytes,
+                "min_free_bytes": policy.min_free_bytes,
+            },
+            "artifacts": [artifact.to_dict() for artifact in self.artifacts],
+        }
