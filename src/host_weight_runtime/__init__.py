@@ -1,1 +1,128 @@
-"""host-weight-runtime: one immutable, hashed, memory-mapped weight artifact per node."""
+"""host-weight-runtime: one immutable, hashed, memory-mapped weight artifact per node.
+
+The first worker publishes a model's final-layout tensors; every later worker on the
+node gets a validated lease of memory-mapped CPU tensors that share the same pages.
+"""
+
+from .canonical_json import CanonicalJson
+from .config import CapacityPolicy, HostWeightRuntimeConfig, RuntimeMode, StorageClass, default_root
+from .failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage
+from .filesystem.domain import MountEntry, MountTable, read_mount_table
+from .filesystem.inspection import ArtifactInspection, ArtifactState, DomainInspection, LockActivity
+from .filesystem.store import FilesystemHostWeightStore
+from .identity import (
+    IDENTITY_SCHEMA_VERSION,
+    AdaptationIdentity,
+    ComponentIdentity,
+    ProducerIdentity,
+    RuntimeWeightLayout,
+    WeightArtifactIdentity,
+    WeightRepresentation,
+    WeightSourceIdentity,
+)
+from .lease import HostWeightLease, HostWeightLeaseCarrier, LeaseProvenance, LeaseSource, MappedHostRegion
+from .manifest import FileManifestEntry, PublicationMarker, TensorManifestEntry, WeightManifest
+from .outcomes import (
+    AttemptAction,
+    AttemptResult,
+    CleanupResult,
+    CleanupStatus,
+    HostWeightResolution,
+    PostLoadPublicationReport,
+    PostLoadPublicationStatus,
+    ResolutionAttempt,
+    ResolutionOutcome,
+    ResolutionReport,
+    StoreResult,
+    StoreStatus,
+)
+from .protocols import (
+    ArtifactWriter,
+    BuildRequest,
+    CoordinationScope,
+    HostWeightStore,
+    LookupPhase,
+    ProductionMetadata,
+    ProductionSourceMode,
+    RemoteArtifactDescriptor,
+    RemoteArtifactProvider,
+    TensorFileWriter,
+    TensorWriteSpec,
+    WeightProducer,
+    WeightProductionSpec,
+    WeightRestorePlan,
+    WeightRestorer,
+)
+from .runtime import HostWeightRuntime
+from .tensors import TensorKind, ValidationLevel
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "IDENTITY_SCHEMA_VERSION",
+    "AdaptationIdentity",
+    "ArtifactInspection",
+    "ArtifactState",
+    "ArtifactWriter",
+    "AttemptAction",
+    "AttemptResult",
+    "BuildRequest",
+    "CanonicalJson",
+    "CapacityPolicy",
+    "CleanupResult",
+    "CleanupStatus",
+    "ComponentIdentity",
+    "CoordinationScope",
+    "DomainInspection",
+    "FailureCode",
+    "FileManifestEntry",
+    "FilesystemHostWeightStore",
+    "HostWeightError",
+    "HostWeightFailure",
+    "HostWeightLease",
+    "HostWeightLeaseCarrier",
+    "HostWeightResolution",
+    "HostWeightRuntime",
+    "HostWeightRuntimeConfig",
+    "HostWeightStore",
+    "LeaseProvenance",
+    "LeaseSource",
+    "LockActivity",
+    "LookupPhase",
+    "MappedHostRegion",
+    "MountEntry",
+    "MountTable",
+    "PostLoadPublicationReport",
+    "PostLoadPublicationStatus",
+    "ProducerIdentity",
+    "ProductionMetadata",
+    "ProductionSourceMode",
+    "PublicationMarker",
+    "RemoteArtifactDescriptor",
+    "RemoteArtifactProvider",
+    "ResolutionAttempt",
+    "ResolutionOutcome",
+    "ResolutionReport",
+    "ResolutionStage",
+    "RuntimeMode",
+    "RuntimeWeightLayout",
+    "StorageClass",
+    "StoreResult",
+    "StoreStatus",
+    "TensorFileWriter",
+    "TensorKind",
+    "TensorManifestEntry",
+    "TensorWriteSpec",
+    "ValidationLevel",
+    "WeightArtifactIdentity",
+    "WeightManifest",
+    "WeightProducer",
+    "WeightProductionSpec",
+    "WeightRepresentation",
+    "WeightRestorePlan",
+    "WeightRestorer",
+    "WeightSourceIdentity",
+    "__version__",
+    "default_root",
+    "read_mount_table",
+]

@@ -55,7 +55,7 @@ class TreeHasher:
             self._chunk.update(piece)
             self._chunk_fill += len(piece)
             self._length += len(piece)
-            view = view[len(piece):]
+            view = view[len(piece) :]
             if self._chunk_fill == self._chunk_bytes:
                 self._chunk_digests.append(self._chunk.digest())
                 self._chunk = hashlib.sha256()

@@ -222,4 +222,3 @@ class HostWeightLeaseCarrier:
             lease, self._lease = self._lease, None
         if lease is not None:
             lease.close()
-

@@ -1,7 +1,7 @@
 """Validation of a published artifact directory and mapping of its payloads.
 
 Everything is opened relative to the artifact directory's descriptor without
-following symlinks. Problems with the artifact itself raise `InvalidArtifact`
+following symlinks. Problems with the artifact itself raise `InvalidArtifactError`
 (the caller denies it); I/O errors that say nothing about the artifact raise
 `ArtifactReadError` (retryable, nothing is denied).
 """
@@ -40,7 +40,7 @@ PUBLISHED_DIR_MODE = 0o555
 PUBLISHED_FILE_MODE = 0o444
 
 
-class InvalidArtifact(Exception):
+class InvalidArtifactError(Exception):
     """The artifact is wrong: the caller must deny it."""
 
     def __init__(self, failure: HostWeightFailure) -> None:
@@ -103,8 +103,8 @@ class ValidatedArtifact:
         return tuple(payload.mapping for payload in self.payloads)
 
 
-def _invalid(code: FailureCode, message: str, **details: object) -> InvalidArtifact:
-    return InvalidArtifact(failure(ResolutionStage.LOOKUP, code, message, **details))  # type: ignore[arg-type]
+def _invalid(code: FailureCode, message: str, **details: object) -> InvalidArtifactError:
+    return InvalidArtifactError(failure(ResolutionStage.LOOKUP, code, message, **details))  # type: ignore[arg-type]
 
 
 def _read_error(exc: OSError, what: str) -> ArtifactReadError:
@@ -126,8 +126,9 @@ def _open_member(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise _invalid(FailureCode.PAYLOAD_INVALID, f"{name} is a symlink; artifacts contain only regular files",
-                           file=name) from None
+            raise _invalid(
+                FailureCode.PAYLOAD_INVALID, f"{name} is a symlink; artifacts contain only regular files", file=name
+            ) from None
         if exc.errno == errno.ENOENT:
             raise _invalid(FailureCode.PAYLOAD_INVALID, f"{name} is missing", file=name) from None
         raise _read_error(exc, name) from exc
@@ -136,8 +137,7 @@ def _open_member(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
         if not stat.S_ISREG(info.st_mode):
             raise _invalid(FailureCode.PAYLOAD_INVALID, f"{name} is not a regular file", file=name)
         if info.st_nlink != 1:
-            raise _invalid(FailureCode.PAYLOAD_INVALID, f"{name} has {info.st_nlink} hard links; expected 1",
-                           file=name)
+            raise _invalid(FailureCode.PAYLOAD_INVALID, f"{name} has {info.st_nlink} hard links; expected 1", file=name)
         if stat.S_IMODE(info.st_mode) != PUBLISHED_FILE_MODE:
             raise _invalid(
                 FailureCode.PAYLOAD_INVALID,
@@ -257,8 +257,9 @@ def _check_header(fd: int, entry: FileManifestEntry, manifest: WeightManifest) -
             "shape": list(tensor.shape),
             "data_offsets": list(tensor.data_offsets),
         }:
-            raise _invalid(FailureCode.PAYLOAD_INVALID, f"{entry.name}: header entry for {name} differs from manifest",
-                           tensor=name)
+            raise _invalid(
+                FailureCode.PAYLOAD_INVALID, f"{entry.name}: header entry for {name} differs from manifest", tensor=name
+            )
         if tensor.file != entry.name:
             raise _invalid(FailureCode.MANIFEST_INVALID, f"tensor {name} is listed under the wrong file")
         if (entry.header_size + tensor.data_offsets[0]) % dtype_itemsize(dtype_from_code(tensor.dtype)):

@@ -9,6 +9,7 @@ collision, never a torn artifact.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -18,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from .._digest import DIGEST_ALGORITHM, DIGEST_CHUNK_BYTES, content_digest
+from .._digest import DIGEST_ALGORITHM, content_digest
 from .._faults import fault_point
 from ..canonical_json import encode_canonical
 from ..config import CapacityPolicy, HostWeightRuntimeConfig, StorageClass
@@ -41,13 +42,13 @@ from .capacity import CapacityGuard, failure_from_os_error
 from .domain import DomainInfo, MountTable, open_domain
 from .inspection import ArtifactInspection, ArtifactState, DomainInspection, LockActivity
 from .locks import FileLock, acquire_lock, try_lock
-from .reader import ArtifactReadError, InvalidArtifact, ValidatedArtifact, open_artifact
+from .reader import ArtifactReadError, InvalidArtifactError, ValidatedArtifact, open_artifact
 from .writer import StagingArtifactWriter, WrittenFile
 
 _PRIVATE_DIR_MODE = 0o700
 
 
-class _BuildFailed(Exception):
+class _BuildFailedError(Exception):
     """Internal: a build step failed with a typed failure; staging is removed by the caller."""
 
     def __init__(self, failure: HostWeightFailure) -> None:
@@ -203,7 +204,7 @@ class FilesystemHostWeightStore:
             )
         except ArtifactReadError as exc:
             return StoreStatus.FAILED, None, exc.failure
-        except InvalidArtifact as exc:
+        except InvalidArtifactError as exc:
             deny_failure = self._write_deny(key, exc.failure)
             if deny_failure is not None:
                 return StoreStatus.FAILED, None, deny_failure
@@ -251,7 +252,8 @@ class FilesystemHostWeightStore:
         return failure(
             ResolutionStage.LOOKUP,
             FailureCode.ARTIFACT_DENIED,
-            f"artifact {key[:16]}... failed validation earlier and is denied; the next build quarantines and rebuilds it",
+            f"artifact {key[:16]}... failed validation earlier and is denied; "
+            "the next build quarantines and rebuilds it",
             key=key,
         )
 
@@ -350,8 +352,12 @@ class FilesystemHostWeightStore:
     ) -> StoreResult:
         """The build itself. The caller holds the build lock (tests call it bare to race two builders)."""
         key = identity.key
+        own_prefix = f"{key}.{os.getpid()}."
         for stale in self._layout.staging_dirs(key):
-            _remove_tree(stale)
+            # Holding the build lock, any other staging directory of this key is a dead builder's;
+            # our own process's may belong to a concurrent lockless call and is left alone.
+            if not stale.name.startswith(own_prefix):
+                _remove_tree(stale)
         joined = self._lookup(identity, validation=validation, deadline=deadline, source=LeaseSource.JOINED)
         if joined.status is StoreStatus.HIT:
             assert joined.lease is not None
@@ -368,14 +374,16 @@ class FilesystemHostWeightStore:
         try:
             os.mkdir(staging, _PRIVATE_DIR_MODE)
         except OSError as exc:
-            problem = failure_from_os_error(exc, stage=ResolutionStage.PRODUCTION, what="creating the staging directory")
+            problem = failure_from_os_error(
+                exc, stage=ResolutionStage.PRODUCTION, what="creating the staging directory"
+            )
             return StoreResult(StoreStatus.FAILED, identity, failure=problem)
         try:
             fault_point("build.staging_created")
             manifest = self._produce_into(staging, identity, producer)
             marker = self._seal(staging, manifest)
             return self._publish(staging, identity, manifest, marker, deadline=deadline)
-        except _BuildFailed as exc:
+        except _BuildFailedError as exc:
             self._discard(staging)
             return StoreResult(StoreStatus.FAILED, identity, failure=exc.failure)
         except OSError as exc:
@@ -401,11 +409,11 @@ class FilesystemHostWeightStore:
             try:
                 metadata = producer.produce(writer)
             except HostWeightError as exc:
-                raise _BuildFailed(writer.failure or exc.failure.with_stage(ResolutionStage.PRODUCTION)) from exc
+                raise _BuildFailedError(writer.failure or exc.failure.with_stage(ResolutionStage.PRODUCTION)) from exc
             except Exception as exc:
                 if writer.failure is not None:
-                    raise _BuildFailed(writer.failure) from exc
-                raise _BuildFailed(
+                    raise _BuildFailedError(writer.failure) from exc
+                raise _BuildFailedError(
                     failure(
                         ResolutionStage.PRODUCTION,
                         FailureCode.PRODUCER_FAILED,
@@ -415,9 +423,9 @@ class FilesystemHostWeightStore:
                 ) from exc
             if writer.failure is not None:
                 # The producer swallowed a writer failure; the artifact cannot be trusted.
-                raise _BuildFailed(writer.failure)
+                raise _BuildFailedError(writer.failure)
             if not isinstance(metadata, ProductionMetadata):
-                raise _BuildFailed(
+                raise _BuildFailedError(
                     failure(
                         ResolutionStage.PRODUCTION,
                         FailureCode.PRODUCER_FAILED,
@@ -430,7 +438,7 @@ class FilesystemHostWeightStore:
                 expected.manifest_schema,
                 expected.restorer_schema,
             ):
-                raise _BuildFailed(
+                raise _BuildFailedError(
                     failure(
                         ResolutionStage.PRODUCTION,
                         FailureCode.PRODUCER_FAILED,
@@ -441,14 +449,17 @@ class FilesystemHostWeightStore:
             try:
                 files = writer.finish()
             except HostWeightError as exc:
-                raise _BuildFailed(exc.failure) from exc
+                raise _BuildFailedError(exc.failure) from exc
         finally:
             writer.abort()
-        return self._compose_manifest(identity, metadata, files)
+        return self._compose_manifest(identity, metadata, files, writer.chunk_bytes)
 
     @staticmethod
     def _compose_manifest(
-        identity: WeightArtifactIdentity, metadata: ProductionMetadata, files: tuple[WrittenFile, ...]
+        identity: WeightArtifactIdentity,
+        metadata: ProductionMetadata,
+        files: tuple[WrittenFile, ...],
+        chunk_bytes: int,
     ) -> WeightManifest:
         tensors = tuple(entry for written in files for entry in written.tensors)
         return WeightManifest(
@@ -457,7 +468,7 @@ class FilesystemHostWeightStore:
             restorer_schema=metadata.restorer_schema,
             format_metadata=metadata.format_metadata,
             digest_algorithm=DIGEST_ALGORITHM,
-            digest_chunk_bytes=DIGEST_CHUNK_BYTES,
+            digest_chunk_bytes=chunk_bytes,
             files=tuple(written.manifest_entry() for written in files),
             tensors=tensors,
             content_digest=content_digest((t.name, t.dtype, t.shape, t.digest) for t in tensors),
@@ -505,7 +516,7 @@ class FilesystemHostWeightStore:
                 what="the artifact lock (leases of an older copy are still open)",
             )
         except HostWeightError as exc:
-            raise _BuildFailed(exc.failure) from exc
+            raise _BuildFailedError(exc.failure) from exc
         handed_over = False
         try:
             try:
@@ -514,7 +525,7 @@ class FilesystemHostWeightStore:
                 if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
                     return self._resolve_collision(staging, identity, manifest, lock)
                 if exc.errno == errno.EXDEV:
-                    raise _BuildFailed(
+                    raise _BuildFailedError(
                         failure(
                             ResolutionStage.PUBLICATION,
                             FailureCode.PUBLICATION_FAILED,
@@ -528,7 +539,10 @@ class FilesystemHostWeightStore:
             fault_point("publication.after_commit")
             lock.downgrade()
             validated = open_artifact(
-                target, key, identity=identity, validation=ValidationLevel.MANIFEST_AND_METADATA,
+                target,
+                key,
+                identity=identity,
+                validation=ValidationLevel.MANIFEST_AND_METADATA,
                 hash_threads=self._hash_threads,
             )
             lease = self._make_lease(
@@ -536,8 +550,8 @@ class FilesystemHostWeightStore:
             )
             handed_over = True
             return StoreResult(StoreStatus.BUILT, identity, lease=lease, publication_id=marker.publication_id)
-        except (InvalidArtifact, ArtifactReadError) as exc:
-            raise _BuildFailed(
+        except (InvalidArtifactError, ArtifactReadError) as exc:
+            raise _BuildFailedError(
                 failure(
                     ResolutionStage.PUBLICATION,
                     FailureCode.PUBLICATION_FAILED,
@@ -560,10 +574,13 @@ class FilesystemHostWeightStore:
         target = self._layout.artifact_dir(key)
         try:
             existing = open_artifact(
-                target, key, identity=identity, validation=ValidationLevel.MANIFEST_AND_METADATA,
+                target,
+                key,
+                identity=identity,
+                validation=ValidationLevel.MANIFEST_AND_METADATA,
                 hash_threads=self._hash_threads,
             )
-        except (InvalidArtifact, ArtifactReadError):
+        except (InvalidArtifactError, ArtifactReadError):
             existing = None
         if existing is not None and existing.manifest.content_digest == manifest.content_digest:
             self._discard(staging)
@@ -625,11 +642,9 @@ class FilesystemHostWeightStore:
             fsync_dir(marker.parent)
 
     def _discard(self, staging: Path) -> None:
-        try:
+        # If this fails, the next builder of this key removes the stale staging directory.
+        with contextlib.suppress(OSError):
             _remove_tree(staging)
-        except OSError:
-            # The next builder of this key removes stale staging directories.
-            pass
 
     # ------------------------------------------------------------------ cleanup
 
@@ -638,17 +653,29 @@ class FilesystemHostWeightStore:
         check_key(key)
         build_lock = try_lock(self._layout.build_lock(key), exclusive=True)
         if build_lock is None:
-            return CleanupResult(key, CleanupStatus.ACTIVE_BUILD, failure=failure(
-                ResolutionStage.CLEANUP, FailureCode.ACTIVE_BUILD,
-                "a build of this artifact is in progress; nothing was removed, try again after it finishes",
-                retryable=True))
+            return CleanupResult(
+                key,
+                CleanupStatus.ACTIVE_BUILD,
+                failure=failure(
+                    ResolutionStage.CLEANUP,
+                    FailureCode.ACTIVE_BUILD,
+                    "a build of this artifact is in progress; nothing was removed, try again after it finishes",
+                    retryable=True,
+                ),
+            )
         try:
             artifact_lock = try_lock(self._layout.artifact_lock(key), exclusive=True)
             if artifact_lock is None:
-                return CleanupResult(key, CleanupStatus.ACTIVE_LEASE, failure=failure(
-                    ResolutionStage.CLEANUP, FailureCode.ACTIVE_LEASE,
-                    "a live lease holds this artifact; nothing was removed, close the workers using it first",
-                    retryable=True))
+                return CleanupResult(
+                    key,
+                    CleanupStatus.ACTIVE_LEASE,
+                    failure=failure(
+                        ResolutionStage.CLEANUP,
+                        FailureCode.ACTIVE_LEASE,
+                        "a live lease holds this artifact; nothing was removed, close the workers using it first",
+                        retryable=True,
+                    ),
+                )
             try:
                 return self._cleanup_locked(key, dry_run=dry_run)
             finally:
@@ -720,17 +747,24 @@ class FilesystemHostWeightStore:
         size = _tree_bytes(artifact_dir)
         try:
             lock = acquire_lock(
-                self._layout.artifact_lock(key), exclusive=False, deadline=deadline,
-                stage=ResolutionStage.LOOKUP, what="the artifact lock",
+                self._layout.artifact_lock(key),
+                exclusive=False,
+                deadline=deadline,
+                stage=ResolutionStage.LOOKUP,
+                what="the artifact lock",
             )
         except HostWeightError as exc:
             return ArtifactInspection(key, ArtifactState.READY, str(artifact_dir), size, activity, problem=exc.failure)
         try:
             validated = open_artifact(
-                artifact_dir, key, identity=identity, validation=validation,
-                hash_threads=self._hash_threads, progress=progress,
+                artifact_dir,
+                key,
+                identity=identity,
+                validation=validation,
+                hash_threads=self._hash_threads,
+                progress=progress,
             )
-        except (InvalidArtifact, ArtifactReadError) as exc:
+        except (InvalidArtifactError, ArtifactReadError) as exc:
             state = ArtifactState.DENIED if self._denied(key) else ArtifactState.INVALID
             return ArtifactInspection(key, state, str(artifact_dir), size, activity, problem=exc.failure)
         finally:
@@ -756,24 +790,44 @@ class FilesystemHostWeightStore:
             try:
                 entries.append(self.inspect_artifact(name, deadline=time.monotonic() + 5.0))
             except ValueError:
-                entries.append(ArtifactInspection(name, ArtifactState.INVALID, str(self._layout.artifacts / name),
-                                                  0, LockActivity(False, False)))
+                entries.append(
+                    ArtifactInspection(
+                        name, ArtifactState.INVALID, str(self._layout.artifacts / name), 0, LockActivity(False, False)
+                    )
+                )
         for name in sorted(_list(self._layout.deny)):
             key = name.removesuffix(".json")
             if not os.path.lexists(self._layout.artifacts / key):
-                entries.append(ArtifactInspection(key, ArtifactState.DENIED, str(self._layout.deny / name), 0,
-                                                  LockActivity(False, False)))
+                entries.append(
+                    ArtifactInspection(
+                        key, ArtifactState.DENIED, str(self._layout.deny / name), 0, LockActivity(False, False)
+                    )
+                )
         for name in sorted(_list(self._layout.quarantine)):
             path = self._layout.quarantine / name
-            entries.append(ArtifactInspection(name.split(".", 1)[0], ArtifactState.QUARANTINED, str(path),
-                                              _tree_bytes(path), LockActivity(False, False)))
+            entries.append(
+                ArtifactInspection(
+                    name.split(".", 1)[0],
+                    ArtifactState.QUARANTINED,
+                    str(path),
+                    _tree_bytes(path),
+                    LockActivity(False, False),
+                )
+            )
         for name in sorted(_list(self._layout.tmp)):
             path = self._layout.tmp / name
             key = name.split(".", 1)[0]
             if os.path.lexists(self._layout.artifacts / key):
                 continue
-            entries.append(ArtifactInspection(key, ArtifactState.TEMPORARY, str(path), _tree_bytes(path),
-                                              self._lock_activity(key) if _is_key(key) else LockActivity(False, False)))
+            entries.append(
+                ArtifactInspection(
+                    key,
+                    ArtifactState.TEMPORARY,
+                    str(path),
+                    _tree_bytes(path),
+                    self._lock_activity(key) if _is_key(key) else LockActivity(False, False),
+                )
+            )
         return DomainInspection(
             root=str(self._domain.root),
             domain_id=self._domain.domain_id,
