@@ -88,5 +88,8 @@ def require_int_field(value: object, name: str, *, minimum: int | None = None) -
 
 
 def require_json_field(value: object, name: str) -> None:
+    """A metadata field: CanonicalJson holding a JSON object (what `get_json` reads back)."""
     if not isinstance(value, CanonicalJson):
         raise ValueError(f"{name} must be CanonicalJson, got {type(value).__name__}")
+    if not value.data.startswith(b"{"):
+        raise ValueError(f"{name} must hold a JSON object, got {value!r}")

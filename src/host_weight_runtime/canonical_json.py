@@ -15,27 +15,32 @@ from typing import Union
 JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
 
 
-def _check_value(value: object, path: str) -> None:
-    """Reject anything that JSON cannot represent exactly and stably."""
-    if value is None or isinstance(value, (bool, str)):
-        return
-    if type(value) is int:
+def _check_value(value: object, path: str, ancestors: frozenset[int] = frozenset()) -> None:
+    """Reject anything that JSON cannot represent exactly and stably.
+
+    Scalars must be exactly None, bool, int, float or str: subclasses (IntEnum, str
+    enums, numpy scalars) are rejected rather than silently converted.
+    """
+    if value is None or type(value) in (bool, str, int):
         return
     if type(value) is float:
         if not math.isfinite(value):
             raise ValueError(f"canonical JSON rejects non-finite number {value!r} at {path}")
         return
-    if isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            _check_value(item, f"{path}[{index}]")
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if type(key) is not str:
-                raise ValueError(
-                    f"canonical JSON needs string keys; got {type(key).__name__} key {key!r} at {path}"
-                )
-            _check_value(item, f"{path}.{key}")
+    if isinstance(value, (list, tuple, dict)):
+        if id(value) in ancestors:
+            raise ValueError(f"canonical JSON rejects a circular reference at {path}")
+        inner = ancestors | {id(value)}
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if type(key) is not str:
+                    raise ValueError(
+                        f"canonical JSON needs string keys; got {type(key).__name__} key {key!r} at {path}"
+                    )
+                _check_value(item, f"{path}.{key}", inner)
+        else:
+            for index, item in enumerate(value):
+                _check_value(item, f"{path}[{index}]", inner)
         return
     raise ValueError(
         f"canonical JSON accepts only None, bool, int, float, str, list and dict; "
@@ -51,7 +56,10 @@ def encode_canonical(value: object) -> bytes:
     """Encode a JSON-native value as canonical bytes, or raise ValueError."""
     _check_value(value, "$")
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return text.encode("utf-8")
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"canonical JSON text must be valid Unicode (no lone surrogates): {exc}") from exc
 
 
 def decode_json(data: bytes) -> JsonValue:

@@ -103,6 +103,8 @@ class HostWeightRuntimeConfig:
         for name in ("allow_local_build", "allow_post_load_publish"):
             if type(getattr(self, name)) is not bool:
                 raise ValueError(f"{name} must be a bool")
+        if self.capacity is not None and not isinstance(self.capacity, CapacityPolicy):
+            raise ValueError(f"capacity must be a CapacityPolicy or None, got {self.capacity!r}")
         timeout = self.lock_timeout_s
         if type(timeout) not in (int, float) or not math.isfinite(timeout) or timeout < 0:
             raise ValueError(f"lock_timeout_s must be a finite, non-negative number, got {timeout!r}")
@@ -173,10 +175,16 @@ class HostWeightRuntimeConfig:
             raw = env.get(env_name)
             if raw is not None and raw.strip() != "":
                 values[key] = raw.strip()
+                try:
+                    # Check each variable on its own so the error names the one to fix.
+                    cls.from_dict({key: values[key]})
+                except ValueError as exc:
+                    raise ValueError(f"{env_name}={raw!r} is invalid: {exc}; fix or unset {env_name}") from exc
         try:
             return cls.from_dict(values)
         except ValueError as exc:
-            raise ValueError(f"invalid HWR_* environment: {exc}") from exc
+            names = ", ".join(sorted(env_name for env_name, key in mapping.items() if key in values))
+            raise ValueError(f"invalid HWR_* environment ({names}): {exc}") from exc
 
 
 def _enum(enum_type: type[enum.Enum], value: object, name: str) -> enum.Enum:

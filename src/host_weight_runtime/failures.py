@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from ._strict import get_bool, get_json, get_str, require_exact_keys, require_object
+from ._strict import get_bool, get_json, get_str, require_exact_keys, require_json_field, require_object
 from .canonical_json import CanonicalJson, JsonValue
 
 
@@ -79,8 +79,9 @@ class HostWeightFailure:
             raise ValueError("HostWeightFailure.code must be a FailureCode")
         if type(self.retryable) is not bool:
             raise ValueError("HostWeightFailure.retryable must be a bool")
-        if not isinstance(self.details, CanonicalJson):
-            raise ValueError("HostWeightFailure.details must be CanonicalJson")
+        if type(self.message) is not str:
+            raise ValueError("HostWeightFailure.message must be a str")
+        require_json_field(self.details, "HostWeightFailure.details")
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {

@@ -20,7 +20,7 @@ from ._strict import (
     require_object,
     require_str_field,
 )
-from .canonical_json import CanonicalJson, JsonValue, decode_json, encode_canonical
+from .canonical_json import CanonicalJson, JsonValue, encode_canonical
 
 IDENTITY_SCHEMA_VERSION = 1
 BASE_ADAPTATION = "base"
@@ -319,8 +319,8 @@ class WeightArtifactIdentity:
 
     @classmethod
     def from_canonical_json(cls, data: CanonicalJson | bytes) -> WeightArtifactIdentity:
-        raw = data.data if isinstance(data, CanonicalJson) else data
-        return cls.from_dict(decode_json(raw))
+        canonical = data if isinstance(data, CanonicalJson) else CanonicalJson(data)
+        return cls.from_dict(canonical.to_value())
 
     @property
     def key(self) -> str:

@@ -17,6 +17,7 @@ from ._strict import (
     get_list,
     get_str,
     require_exact_keys,
+    require_json_field,
     require_object,
 )
 from .canonical_json import CanonicalJson, JsonValue, decode_json, encode_canonical
@@ -50,7 +51,7 @@ def validate_file_name(name: str) -> str:
 
 
 def _hex_digest(value: str, where: str) -> str:
-    if len(value) != 64 or any(ch not in "0123456789abcdef" for ch in value):
+    if type(value) is not str or len(value) != 64 or any(ch not in "0123456789abcdef" for ch in value):
         raise ValueError(f"{where} must be a 64-character lowercase hex digest")
     return value
 
@@ -73,7 +74,14 @@ class TensorManifestEntry:
         if type(self.name) is not str or not self.name:
             raise ValueError("tensor name must be a non-empty string")
         validate_file_name(self.file)
+        if type(self.dtype) is not str:
+            raise ValueError(f"tensor {self.name}: dtype must be a safetensors dtype code string")
         dtype = dtype_from_code(self.dtype)
+        for label in ("shape", "strides", "data_offsets"):
+            if type(getattr(self, label)) is not tuple:
+                raise ValueError(f"tensor {self.name}: {label} must be a tuple")
+        if len(self.data_offsets) != 2:
+            raise ValueError(f"tensor {self.name}: data_offsets must be (begin, end)")
         if any(type(d) is not int or d < 0 for d in self.shape):
             raise ValueError(f"tensor {self.name}: shape must hold non-negative integers")
         if self.strides != contiguous_strides(self.shape):
@@ -85,6 +93,8 @@ class TensorManifestEntry:
             raise ValueError(f"tensor {self.name}: data_offsets do not match shape and dtype")
         if not isinstance(self.kind, TensorKind):
             raise ValueError(f"tensor {self.name}: kind must be a TensorKind")
+        if type(self.role) is not str:
+            raise ValueError(f"tensor {self.name}: role must be a string")
         _hex_digest(self.digest, f"tensor {self.name} digest")
 
     @property
@@ -146,6 +156,8 @@ class FileManifestEntry:
         if self.header_size < 8 or self.size < self.header_size:
             raise ValueError(f"file {self.name}: inconsistent size {self.size} / header {self.header_size}")
         _hex_digest(self.digest, f"file {self.name} digest")
+        if type(self.tensors) is not tuple or any(type(item) is not str for item in self.tensors):
+            raise ValueError(f"file {self.name}: tensors must be a tuple of tensor names")
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
@@ -207,8 +219,20 @@ class WeightManifest:
     schema_version: int = MANIFEST_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        if self.schema_version != MANIFEST_SCHEMA_VERSION:
-            raise ValueError(f"manifest schema_version {self.schema_version} is not supported")
+        if type(self.schema_version) is not int or self.schema_version != MANIFEST_SCHEMA_VERSION:
+            raise ValueError(f"manifest schema_version {self.schema_version!r} is not supported")
+        if not isinstance(self.identity, WeightArtifactIdentity):
+            raise ValueError("manifest identity must be a WeightArtifactIdentity")
+        for label in ("producer_schema", "restorer_schema", "digest_algorithm"):
+            if type(getattr(self, label)) is not str or not getattr(self, label):
+                raise ValueError(f"manifest {label} must be a non-empty string")
+        if type(self.digest_chunk_bytes) is not int or self.digest_chunk_bytes <= 0:
+            raise ValueError(f"manifest digest_chunk_bytes must be a positive integer, got {self.digest_chunk_bytes!r}")
+        require_json_field(self.format_metadata, "manifest format_metadata")
+        if type(self.files) is not tuple or any(not isinstance(e, FileManifestEntry) for e in self.files):
+            raise ValueError("manifest files must be a tuple of FileManifestEntry")
+        if type(self.tensors) is not tuple or any(not isinstance(e, TensorManifestEntry) for e in self.tensors):
+            raise ValueError("manifest tensors must be a tuple of TensorManifestEntry")
         _hex_digest(self.content_digest, "manifest content_digest")
         file_names = [entry.name for entry in self.files]
         if len(set(file_names)) != len(file_names):
@@ -220,9 +244,9 @@ class WeightManifest:
         for entry in self.tensors:
             if entry.file not in known_files:
                 raise ValueError(f"tensor {entry.name} lives in unlisted file {entry.file}")
-        listed = sorted(name for entry in self.files for name in entry.tensors)
-        if listed != sorted(tensor_names):
-            raise ValueError("the files' tensor lists do not match the manifest's tensors")
+        listed = sorted((name, entry.name) for entry in self.files for name in entry.tensors)
+        if listed != sorted((entry.name, entry.file) for entry in self.tensors):
+            raise ValueError("the files' tensor lists do not match the manifest's tensors and their files")
 
     @property
     def identity_key(self) -> str:
@@ -299,8 +323,8 @@ class PublicationMarker:
     schema_version: int = READY_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        if self.schema_version != READY_SCHEMA_VERSION:
-            raise ValueError(f"READY schema_version {self.schema_version} is not supported")
+        if type(self.schema_version) is not int or self.schema_version != READY_SCHEMA_VERSION:
+            raise ValueError(f"READY schema_version {self.schema_version!r} is not supported")
         _hex_digest(self.identity_key, "READY identity_key")
         _hex_digest(self.manifest_sha256, "READY manifest_sha256")
         _hex_digest(self.content_digest, "READY content_digest")

@@ -1,0 +1,246 @@
+"""C08: the core package depends on nothing from the diffusion adapters, diffusers or torch's GPU/distributed parts.
+
+Two independent checks: a static scan of every core source file (so a lazy import
+inside a function is caught too), and a real interpreter that imports every core
+module and then looks at sys.modules. Both discover modules at test time, so
+modules added later are covered without editing this file.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import host_weight_runtime
+
+PACKAGE = "host_weight_runtime"
+PACKAGE_DIR = Path(host_weight_runtime.__file__).resolve().parent
+ADAPTER_PACKAGE = f"{PACKAGE}.diffusion"
+FORBIDDEN_PREFIXES = (ADAPTER_PACKAGE, "diffusers", "torch.distributed", "torch.cuda")
+# torch imports torch.cuda (and parts of torch.distributed) itself, so the runtime check
+# can only speak for the packages torch does not pull in.
+FORBIDDEN_AT_RUNTIME = (ADAPTER_PACKAGE, "diffusers")
+IMPORT_FUNCTIONS = {"import_module", "__import__"}
+CONTRACT_MODULES = {
+    f"{PACKAGE}.{name}"
+    for name in ("canonical_json", "_strict", "identity", "failures", "manifest", "config", "tensors", "outcomes", "_digest")
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    module: str
+    line: int
+    target: str
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.line} depends on {self.target}"
+
+
+def _is_forbidden(name: str, prefixes: tuple[str, ...] = FORBIDDEN_PREFIXES) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+
+def module_name_for(path: Path, package_dir: Path = PACKAGE_DIR, package: str = PACKAGE) -> str:
+    parts = list(path.relative_to(package_dir).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([package, *parts])
+
+
+def core_source_files(package_dir: Path = PACKAGE_DIR) -> list[Path]:
+    """Every .py file of the package except the diffusion adapter subpackage."""
+    adapters = package_dir / "diffusion"
+    return sorted(p for p in package_dir.rglob("*.py") if adapters not in p.parents and p != adapters)
+
+
+def _resolve_from(module: str, is_package: bool, level: int, target: str | None) -> str:
+    """The absolute module named by `from <level dots><target> import ...` inside `module`."""
+    if level == 0:
+        return target or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join([*base, target] if target else base)
+
+
+def scan_source(source: str, module: str, is_package: bool) -> list[Violation]:
+    """Imports (absolute, relative, lazy, importlib) and torch.cuda/torch.distributed attribute uses."""
+    tree = ast.parse(source)
+    found: list[Violation] = []
+    torch_aliases: set[str] = set()
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                targets.append(alias.name)
+                if alias.name == "torch":
+                    torch_aliases.add(alias.asname or "torch")
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve_from(module, is_package, node.level, node.module)
+            targets.append(base)
+            targets.extend(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if name in IMPORT_FUNCTIONS and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    targets.append(first.value)
+        found.extend(Violation(module, node.lineno, t) for t in targets if _is_forbidden(t))
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in torch_aliases
+            and _is_forbidden(f"torch.{node.attr}")
+        ):
+            found.append(Violation(module, node.lineno, f"torch.{node.attr}"))
+    return found
+
+
+def scan_package(package_dir: Path = PACKAGE_DIR, package: str = PACKAGE) -> tuple[list[str], list[Violation]]:
+    modules: list[str] = []
+    violations: list[Violation] = []
+    for path in core_source_files(package_dir):
+        module = module_name_for(path, package_dir, package)
+        modules.append(module)
+        violations.extend(scan_source(path.read_text(encoding="utf-8"), module, path.name == "__init__.py"))
+    return modules, violations
+
+
+def test_static_scan_finds_no_forbidden_imports() -> None:
+    """C08: no core source file imports diffusion adapters, diffusers, torch.distributed or torch.cuda."""
+    modules, violations = scan_package()
+    assert set(modules) >= CONTRACT_MODULES, "the scan did not see the core modules"
+    assert not any(_is_forbidden(m, (ADAPTER_PACKAGE,)) for m in modules)
+    assert [str(v) for v in violations] == []
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "is_package", "expected"),
+    [
+        ("import diffusers", "host_weight_runtime.x", False, "diffusers"),
+        ("import diffusers.models as m", "host_weight_runtime.x", False, "diffusers.models"),
+        ("from diffusers import ModelMixin", "host_weight_runtime.x", False, "diffusers"),
+        ("import torch.distributed as dist", "host_weight_runtime.x", False, "torch.distributed"),
+        ("from torch import distributed", "host_weight_runtime.x", False, "torch.distributed"),
+        ("from torch.cuda import Stream", "host_weight_runtime.x", False, "torch.cuda"),
+        ("from .diffusion import contracts", "host_weight_runtime.x", False, "host_weight_runtime.diffusion"),
+        ("from . import diffusion", "host_weight_runtime", True, "host_weight_runtime.diffusion"),
+        ("from ..diffusion.models import M", "host_weight_runtime.filesystem.store", False,
+         "host_weight_runtime.diffusion.models"),
+        ("from .. import diffusion", "host_weight_runtime.filesystem", True, "host_weight_runtime.diffusion"),
+        ("def f():\n    import diffusers\n", "host_weight_runtime.x", False, "diffusers"),
+        ("import importlib\nimportlib.import_module('diffusers')", "host_weight_runtime.x", False, "diffusers"),
+        ("__import__('torch.cuda')", "host_weight_runtime.x", False, "torch.cuda"),
+        ("import torch\ntorch.cuda.is_available()", "host_weight_runtime.x", False, "torch.cuda"),
+        ("import torch as t\nt.distributed.barrier()", "host_weight_runtime.x", False, "torch.distributed"),
+    ],
+)
+def test_static_scanner_catches_each_import_form(source: str, module: str, is_package: bool, expected: str) -> None:
+    """C08: the scanner itself detects every import form it is meant to forbid (so the scan can fail)."""
+    targets = {v.target for v in scan_source(source, module, is_package)}
+    assert expected in targets
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "is_package"),
+    [
+        ("import torch\nx = torch.empty(1)", "host_weight_runtime.x", False),
+        ("from .canonical_json import CanonicalJson", "host_weight_runtime.x", False),
+        ("from ..identity import WeightArtifactIdentity", "host_weight_runtime.filesystem.store", False),
+        ("import diffusers_like_name", "host_weight_runtime.x", False),
+        ("from . import diffusion_helpers", "host_weight_runtime", True),
+        ("cuda = 1\nprint(cuda)", "host_weight_runtime.x", False),
+    ],
+)
+def test_static_scanner_allows_ordinary_imports(source: str, module: str, is_package: bool) -> None:
+    """C08: core imports and look-alike names are not reported."""
+    assert scan_source(source, module, is_package) == []
+
+
+def test_scan_discovers_modules_added_later(tmp_path: Path) -> None:
+    """C08: a new core module (even in a new subpackage) is scanned; the diffusion subpackage is not."""
+    root = tmp_path / PACKAGE
+    (root / "diffusion").mkdir(parents=True)
+    (root / "newpkg").mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "diffusion" / "__init__.py").write_text("import diffusers\n")
+    (root / "newpkg" / "__init__.py").write_text("")
+    (root / "newpkg" / "helper.py").write_text("from ..diffusion import models\n")
+    modules, violations = scan_package(root, PACKAGE)
+    assert f"{PACKAGE}.newpkg.helper" in modules
+    assert not any(m.startswith(ADAPTER_PACKAGE) for m in modules)
+    assert [(v.module, v.target) for v in violations] == [
+        (f"{PACKAGE}.newpkg.helper", f"{ADAPTER_PACKAGE}"),
+        (f"{PACKAGE}.newpkg.helper", f"{ADAPTER_PACKAGE}.models"),
+    ]
+
+
+_IMPORT_EVERYTHING = textwrap.dedent(
+    """
+    import importlib, json, pkgutil, sys
+
+    PACKAGE = "host_weight_runtime"
+    SKIP = ("host_weight_runtime.diffusion",)
+
+    def skipped(name):
+        return any(name == s or name.startswith(s + ".") for s in SKIP)
+
+    imported, errors = [], []
+
+    def walk(package):
+        # pkgutil.walk_packages would import every package (diffusion included) to
+        # recurse, so iterate level by level and skip before importing.
+        for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+            if skipped(info.name):
+                continue
+            try:
+                module = importlib.import_module(info.name)
+            except Exception as exc:
+                errors.append(f"{info.name}: {type(exc).__name__}: {exc}")
+                continue
+            imported.append(info.name)
+            if info.ispkg:
+                walk(module)
+
+    root = importlib.import_module(PACKAGE)
+    imported.append(PACKAGE)
+    walk(root)
+    report = {"imported": imported, "errors": errors, "modules": sorted(sys.modules), "file": root.__file__}
+    print(json.dumps(report))
+    """
+)
+
+
+def test_importing_every_core_module_loads_no_adapter_or_diffusers() -> None:
+    """C08: a fresh interpreter that imports every core module has no diffusers or diffusion module loaded."""
+    # The child must import the same source tree as this test process.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_DIR.parent), env.get("PYTHONPATH")]))
+    completed = subprocess.run(
+        [sys.executable, "-c", _IMPORT_EVERYTHING],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert report["errors"] == []
+    imported = set(report["imported"])
+    assert report["file"] == str(PACKAGE_DIR / "__init__.py")
+    assert imported >= CONTRACT_MODULES
+    loaded = [name for name in report["modules"] if _is_forbidden(name, FORBIDDEN_AT_RUNTIME)]
+    assert loaded == []
+    assert "diffusers" not in report["modules"]
