@@ -20,6 +20,7 @@ import pytest
 from host_weight_runtime._faults import Fault, FaultAction, arm, armed
 from host_weight_runtime.config import CapacityPolicy, StorageClass
 from host_weight_runtime.failures import FailureCode, HostWeightError, ResolutionStage
+from host_weight_runtime.filesystem._fsutil import read_small_file, write_file_atomic
 from host_weight_runtime.filesystem._layout import STORE_DIRS, DomainLayout
 from host_weight_runtime.filesystem.domain import (
     DomainInfo,
@@ -621,3 +622,52 @@ def test_failure_under_init_lock_releases_it(tmp_path: Path) -> None:
         error = _expect_failure(FailureCode.STORE_INIT_FAILED, lambda: _open(root))
     assert error.retryable is False
     assert _open(root, init_timeout_s=0.0).root == root
+
+
+# ----------------------------------------------------------------- file primitives the domain files use
+
+
+def test_write_file_atomic_replaces_with_exact_mode_and_leaves_no_temp(tmp_path: Path) -> None:
+    """Atomic writes set the requested mode whatever the umask and leave only the final name."""
+    target = tmp_path / "file.json"
+    old_umask = os.umask(0o077)
+    try:
+        write_file_atomic(target, b"first", mode=0o644)
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    write_file_atomic(target, b"second")
+    assert target.read_bytes() == b"second"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert os.listdir(tmp_path) == ["file.json"]
+
+
+def test_write_file_atomic_failure_removes_its_temporary(tmp_path: Path) -> None:
+    """When the final rename fails, the temporary file is removed and the error propagates."""
+    occupied = tmp_path / "occupied"
+    (occupied / "child").mkdir(parents=True)
+    with pytest.raises(OSError) as caught:
+        write_file_atomic(occupied, b"data")
+    assert caught.value.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST)
+    assert sorted(os.listdir(tmp_path)) == ["occupied"]
+
+
+def test_read_small_file_refuses_symlinks_oversize_and_non_regular(tmp_path: Path) -> None:
+    """Small-file reads never follow a final symlink, never read past the limit, never block on a FIFO."""
+    regular = tmp_path / "regular"
+    regular.write_bytes(b"12345")
+    assert read_small_file(regular) == b"12345"
+    assert read_small_file(regular, limit=5) == b"12345"
+    with pytest.raises(ValueError):
+        read_small_file(regular, limit=4)
+    link = tmp_path / "link"
+    link.symlink_to(regular)
+    with pytest.raises(OSError) as caught:
+        read_small_file(link)
+    assert caught.value.errno == errno.ELOOP
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError):
+        read_small_file(fifo)
+    with pytest.raises(ValueError):
+        read_small_file(tmp_path)
