@@ -10,9 +10,9 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Union
+from typing import TypeAlias
 
-JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
+JsonValue: TypeAlias = bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
 
 
 def _check_value(value: object, path: str, ancestors: frozenset[int] = frozenset()) -> None:

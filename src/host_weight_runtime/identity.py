@@ -139,6 +139,11 @@ class RuntimeWeightLayout:
         )
         require_str_field(self.sequence_parallel_backend, "RuntimeWeightLayout.sequence_parallel_backend")
         require_json_field(self.metadata, "RuntimeWeightLayout.metadata")
+        if self.sequence_parallel_size == 1 and self.sequence_parallel_backend != "none":
+            raise ValueError(
+                "sequence_parallel_backend must be 'none' when sequence_parallel_size is 1: without sequence "
+                "parallelism the backend cannot change the bytes, and it must not split the key"
+            )
         if self.tensor_parallel_rank >= self.tensor_parallel_size:
             raise ValueError(
                 f"tensor_parallel_rank {self.tensor_parallel_rank} must be below "

@@ -41,6 +41,8 @@ def validate_file_name(name: str) -> str:
         raise ValueError(f"payload file name {name!r} must be one plain basename (no '/', '.' or '..')")
     if name.startswith("."):
         raise ValueError(f"payload file name {name!r} must not start with '.'")
+    if any(ord(char) < 32 or ord(char) == 127 for char in name):
+        raise ValueError(f"payload file name {name!r} must not contain control characters")
     if len(name) > MAX_FILE_NAME_LENGTH:
         raise ValueError(f"payload file name is longer than {MAX_FILE_NAME_LENGTH} characters")
     if name in RESERVED_FILE_NAMES:
