@@ -398,6 +398,13 @@ def test_tensor_parallel_rank_must_be_below_size(size: int, rank: int) -> None:
         WeightArtifactIdentity.from_dict(data)
 
 
+def test_sequence_parallel_backend_only_with_sequence_parallelism() -> None:
+    """C04: without SP the backend cannot change bytes, so a backend other than 'none' is rejected, never a second key."""
+    with pytest.raises(ValueError, match="sequence_parallel_backend"):
+        RuntimeWeightLayout(name="x", sequence_parallel_size=1, sequence_parallel_backend="ulysses")
+    assert RuntimeWeightLayout(name="x", sequence_parallel_size=2, sequence_parallel_backend="ulysses")
+
+
 def test_sequence_parallel_size_must_be_positive() -> None:
     """C05: SP size 0 is rejected."""
     with pytest.raises(ValueError):

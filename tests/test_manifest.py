@@ -469,6 +469,8 @@ BAD_NAMES = [
     "dir/",
     "a\\b.safetensors",
     "a\x00.safetensors",
+    "a\nb.safetensors",
+    "tab\there.safetensors",
     "model.bin",
     "model",
     "model.safetensors.tmp",
