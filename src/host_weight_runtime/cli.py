@@ -1,0 +1,481 @@
+"""The `hwr` command: inspect, verify and clean a domain, and run the sharing demo.
+
+Thin by design: parse arguments, call the library, print. Tables and progress bars
+for people, `--json` for machines. Exit codes: 0 success, 1 a failure the command
+reports, 2 a usage error (argparse's own, a bad key, a refused unattended cleanup).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.prompt import Confirm
+from rich.table import Table
+from rich.text import Text
+
+from . import __version__
+from .canonical_json import JsonValue
+from .config import ENV_ROOT, HostWeightRuntimeConfig, default_root
+from .failures import HostWeightError
+from .filesystem._layout import DomainLayout, check_key
+from .filesystem.inspection import ArtifactInspection, ArtifactState, DomainInspection
+from .filesystem.store import FilesystemHostWeightStore
+from .outcomes import CleanupResult, CleanupStatus
+from .tensors import ValidationLevel
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+SHORT_KEY = 12
+MIN_KEY_PREFIX = 4
+VERIFY_LOCK_TIMEOUT_S = 60.0
+
+_HEX_PREFIX = re.compile(r"^[0-9a-f]+$")
+
+
+class UsageError(Exception):
+    """A command line that cannot run as given (exit 2); the message says what to change."""
+
+
+class ReportedError(Exception):
+    """A failure the command reports in one line (exit 1)."""
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def _stdout() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def _stderr() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _print_json(value: JsonValue) -> None:
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def _size(nbytes: int | None) -> str:
+    if nbytes is None:
+        return "-"
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{nbytes} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _limit(nbytes: int | None) -> str:
+    return "unlimited" if nbytes is None else _size(nbytes)
+
+
+def _domain_root(option: str | None) -> Path:
+    """--root, else HWR_ROOT (validated as the library validates it), else the default root."""
+    if option is not None:
+        return Path(option).expanduser().absolute()
+    if os.environ.get(ENV_ROOT, "").strip():
+        return HostWeightRuntimeConfig.from_env({ENV_ROOT: os.environ[ENV_ROOT]}).resolved_root
+    return default_root()
+
+
+def _open_existing(root: Path) -> FilesystemHostWeightStore:
+    """Open the domain at `root` without creating one (opening a store creates a missing domain)."""
+    if not DomainLayout(root).domain_file.is_file():
+        where = "nothing is there" if not root.exists() else f"{root} holds no domain.json"
+        raise ReportedError(
+            f"no domain at {root} ({where}); pass --root or set {ENV_ROOT} to the directory your workers use"
+        )
+    return FilesystemHostWeightStore(root)
+
+
+def _resolve_key(store: FilesystemHostWeightStore, text: str) -> str:
+    """A full key as given, or the one stored key that starts with an unambiguous hex prefix."""
+    text = text.strip().lower()
+    if len(text) == 64:
+        try:
+            return check_key(text)
+        except ValueError as exc:
+            raise UsageError(f"{exc}; `hwr inspect` lists the keys") from None
+    if len(text) < MIN_KEY_PREFIX or len(text) > 64 or not _HEX_PREFIX.match(text):
+        raise UsageError(
+            f"{text!r} is not an artifact key: give the 64-character hex key or a unique prefix of at least "
+            f"{MIN_KEY_PREFIX} characters (`hwr inspect` lists the keys)"
+        )
+    layout = store.layout
+    known: set[str] = set()
+    for directory in (layout.artifacts, layout.deny, layout.tmp):
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            continue
+        known.update(name.split(".", 1)[0] for name in names)
+    matches = sorted(key for key in known if key.startswith(text) and len(key) == 64)
+    if not matches:
+        raise ReportedError(f"no artifact key in {store.root} starts with {text}; `hwr inspect` lists the keys")
+    if len(matches) > 1:
+        listed = ", ".join(key[:SHORT_KEY] for key in matches)
+        raise UsageError(f"key prefix {text} is ambiguous ({listed}); give more characters")
+    return matches[0]
+
+
+def _locks_text(entry: ArtifactInspection) -> str:
+    held = [
+        name for name, active in (("build", entry.locks.build_active), ("lease", entry.locks.lease_active)) if active
+    ]
+    return "+".join(held) if held else "-"
+
+
+def _problem_text(entry: ArtifactInspection) -> str:
+    return "" if entry.problem is None else f"{entry.problem.code.value}: {entry.problem.message}"
+
+
+# --------------------------------------------------------------------------- hwr inspect
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    store = _open_existing(_domain_root(args.root))
+    snapshot = store.inspect_domain()
+    if args.json:
+        _print_json(snapshot.to_dict())
+    else:
+        _render_domain(_stdout(), snapshot)
+    return EXIT_OK
+
+
+def _render_domain(console: Console, snapshot: DomainInspection) -> None:
+    capacity = snapshot.capacity
+    policy = capacity.policy
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold")
+    facts.add_column()
+    facts.add_row("root", snapshot.root)
+    facts.add_row("domain id", snapshot.domain_id)
+    facts.add_row("scope", snapshot.scope)
+    facts.add_row("filesystem", snapshot.fs_type)
+    facts.add_row("storage class", snapshot.storage_class)
+    facts.add_row("huge_pages", "n/a (not tmpfs)" if snapshot.huge_pages is None else snapshot.huge_pages)
+    medium = "memory (tmpfs: stored bytes are RAM)" if capacity.is_memory else "disk"
+    facts.add_row(
+        "capacity",
+        f"total {_size(capacity.total_bytes)}, free {_size(capacity.free_bytes)}, "
+        f"store {_size(capacity.store_bytes)}; {medium}",
+    )
+    facts.add_row(
+        "policy",
+        f"max_artifact_bytes {_limit(policy.max_artifact_bytes)}, max_store_bytes {_limit(policy.max_store_bytes)}, "
+        f"min_free_bytes {_size(policy.min_free_bytes)}",
+    )
+    console.print(facts)
+    console.print()
+    if not snapshot.artifacts:
+        console.print("no artifacts")
+        return
+    table = Table(title=f"inventory ({len(snapshot.artifacts)})", title_justify="left")
+    for column in ("key", "state", "size", "model", "tensors", "locks held", "problem"):
+        wraps = column in ("model", "problem")
+        table.add_column(
+            column,
+            justify="right" if column in ("size", "tensors") else "left",
+            no_wrap=not wraps,
+            overflow="fold" if wraps else "ellipsis",
+            min_width=SHORT_KEY if column == "key" else None,
+        )
+    for entry in snapshot.artifacts:
+        table.add_row(
+            entry.key[:SHORT_KEY],
+            Text(entry.state.value, style="green" if entry.state is ArtifactState.READY else "red"),
+            _size(entry.size_bytes),
+            Text(entry.model_id or "-"),
+            "-" if entry.tensor_count is None else str(entry.tensor_count),
+            _locks_text(entry),
+            Text(entry.problem.code.value if entry.problem is not None else "-"),
+        )
+    console.print(table)
+
+
+# --------------------------------------------------------------------------- hwr verify
+
+
+def _payload_bytes(directory: Path) -> int:
+    """Bytes FULL_CHECKSUM hashes: every payload file, header included."""
+    total = 0
+    try:
+        with os.scandir(directory) as listing:
+            for entry in listing:
+                if entry.name.endswith(".safetensors") and entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+    except OSError:
+        return 0
+    return total
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    store = _open_existing(_domain_root(args.root))
+    key = _resolve_key(store, args.key)
+    validation = ValidationLevel.FULL_CHECKSUM if args.full else ValidationLevel.MANIFEST_AND_METADATA
+    deadline = time.monotonic() + VERIFY_LOCK_TIMEOUT_S
+    if args.full and sys.stderr.isatty():
+        total = _payload_bytes(store.layout.artifact_dir(key))
+        with Progress(
+            TextColumn("hashing {task.description}"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=_stderr(),
+            transient=True,
+        ) as progress:
+            task = progress.add_task(key[:SHORT_KEY], total=total or None)
+
+            def advance(nbytes: int) -> None:
+                progress.advance(task, nbytes)
+
+            result = store.inspect_artifact(key, validation=validation, deadline=deadline, progress=advance)
+    else:
+        result = store.inspect_artifact(key, validation=validation, deadline=deadline)
+    verified = result.state is ArtifactState.READY and result.problem is None
+    if args.json:
+        _print_json({"validation": validation.value, "verified": verified, **result.to_dict()})
+    else:
+        _render_verify(verified, validation, result)
+    return EXIT_OK if verified else EXIT_FAILURE
+
+
+def _render_verify(verified: bool, validation: ValidationLevel, result: ArtifactInspection) -> None:
+    what = "every payload byte re-hashed" if validation is ValidationLevel.FULL_CHECKSUM else "manifest and metadata"
+    if verified:
+        line = Text()
+        line.append("ok ", style="green bold")
+        line.append(
+            f"{result.key}  {result.model_id or '-'}  {result.tensor_count} tensors  {_size(result.size_bytes)}  "
+            f"({what})"
+        )
+        _stdout().print(line)
+        return
+    console = _stderr()
+    line = Text()
+    line.append(f"{result.state.value} ", style="red bold")
+    line.append(f"{result.key} ({what})")
+    console.print(line)
+    if result.state is ArtifactState.MISSING:
+        console.print(Text(f"no artifact with this key at {result.path}; `hwr inspect` lists what is stored"))
+    elif result.state is ArtifactState.TEMPORARY:
+        console.print(Text(f"only a build in progress (or a dead builder's leftovers) at {result.path}"))
+    if result.problem is not None:
+        console.print(Text(_problem_text(result)))
+    if result.state in (ArtifactState.INVALID, ArtifactState.DENIED):
+        console.print(
+            Text(
+                "workers will not use it: the next lookup denies it and the next build quarantines and rebuilds it; "
+                f"`hwr cleanup {result.key[:SHORT_KEY]}` removes it now"
+            )
+        )
+
+
+# --------------------------------------------------------------------------- hwr cleanup
+
+
+def _cmd_cleanup(args: argparse.Namespace) -> int:
+    interactive = sys.stdin.isatty()
+    if not (args.yes or args.dry_run or interactive):
+        raise UsageError(
+            "refusing to remove files without a confirmation, and stdin is not a terminal to ask on: "
+            "pass --yes to remove without asking, or --dry-run to only show what would be removed"
+        )
+    store = _open_existing(_domain_root(args.root))
+    key = _resolve_key(store, args.key)
+    if args.dry_run:
+        return _report_cleanup(store.cleanup(key, dry_run=True), json_output=args.json)
+    if not args.yes:
+        plan = store.cleanup(key, dry_run=True)
+        if plan.status is not CleanupStatus.REMOVED:
+            return _report_cleanup(plan, json_output=args.json)
+        console = _stderr() if args.json else _stdout()
+        _render_cleanup(console, plan)
+        try:
+            confirmed = bool(Confirm.ask("Remove these paths?", default=False, console=console))
+        except EOFError:
+            confirmed = False
+        if not confirmed:
+            _stderr().print("cancelled; nothing was removed")
+            return EXIT_FAILURE
+    return _report_cleanup(store.cleanup(key), json_output=args.json)
+
+
+def _report_cleanup(result: CleanupResult, *, json_output: bool) -> int:
+    failed = result.status in (CleanupStatus.ACTIVE_BUILD, CleanupStatus.ACTIVE_LEASE, CleanupStatus.FAILED)
+    if json_output:
+        _print_json(result.to_dict())
+    else:
+        _render_cleanup(_stderr() if failed else _stdout(), result)
+    return EXIT_FAILURE if failed else EXIT_OK
+
+
+def _render_cleanup(console: Console, result: CleanupResult) -> None:
+    key = result.key
+    if result.status is CleanupStatus.NOT_PRESENT:
+        console.print(Text(f"nothing stored under {key}; nothing to remove"))
+        return
+    if result.status is not CleanupStatus.REMOVED:
+        line = Text()
+        line.append(f"{result.status.value} ", style="red bold")
+        line.append(f"{key}: ")
+        line.append(result.failure.message if result.failure is not None else "nothing was removed")
+        console.print(line)
+        return
+    verb = "would remove" if result.dry_run else "removed"
+    console.print(Text(f"{verb} {_size(result.removed_bytes)} for {key}:"))
+    for path in result.removed_paths:
+        console.print(Text(f"  {path}"))
+
+
+# --------------------------------------------------------------------------- hwr demo
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ._demo import DemoError, run_demo, summary_line
+
+    try:
+        if not args.json:
+            _stderr().print(
+                f"publishing a {args.size_mib} MiB synthetic artifact in a fresh process, then leasing it from "
+                f"{args.workers} more (a temporary tmpfs domain under /dev/shm)..."
+            )
+        report = run_demo(size_mib=args.size_mib, workers=args.workers)
+    except DemoError as exc:
+        raise ReportedError(str(exc)) from exc
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        console = _stdout()
+        table = Table(title=f"artifact {report.key[:SHORT_KEY]}, {_size(report.artifact_bytes)}", title_justify="left")
+        for column in ("process", "outcome", "time to ready ms", "RSS MiB", "PSS MiB", "artifact PSS MiB"):
+            table.add_column(column, justify="left" if column in ("process", "outcome") else "right")
+        mib = float(1 << 20)
+        for row in report.rows:
+            table.add_row(
+                row.process,
+                Text(row.outcome, style="green" if row.failure is None else "red"),
+                f"{row.time_to_ready_ms:.0f}",
+                f"{row.rss_bytes / mib:.1f}",
+                f"{row.pss_bytes / mib:.1f}",
+                f"{row.artifact_pss_bytes / mib:.1f}",
+            )
+        console.print(table)
+        console.print(Text(summary_line(report)))
+        for row in report.rows:
+            if row.failure is not None:
+                _stderr().print(Text(f"{row.process}: {row.failure}"))
+    if not report.ok:
+        _stderr().print(
+            "the demo did not go as expected: the publisher should report local_production and every worker local_hit"
+        )
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- parser and main
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hwr",
+        description="Inspect, verify and clean a host weight runtime domain; run the sharing demo.",
+        epilog=f"The domain root is --root, else ${ENV_ROOT}, else {default_root()}.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, handler: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    def add_root(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--root", metavar="DIR", help=f"domain root (default: ${ENV_ROOT}, else {default_root()})")
+
+    def add_json(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--json", action="store_true", help="print JSON for machines instead of tables")
+
+    inspect = add("inspect", _cmd_inspect, "show the domain (filesystem, capacity, policy) and its artifacts")
+    add_root(inspect)
+    add_json(inspect)
+
+    verify = add("verify", _cmd_verify, "validate one artifact read-only; exit 1 unless it is ready")
+    verify.add_argument("key", help="artifact key, or a unique prefix of it (see `hwr inspect`)")
+    verify.add_argument("--full", action="store_true", help="re-hash every payload byte (FULL_CHECKSUM)")
+    add_root(verify)
+    add_json(verify)
+
+    cleanup = add("cleanup", _cmd_cleanup, "remove one artifact, its deny marker and leftover builds")
+    cleanup.add_argument("key", help="artifact key, or a unique prefix of it (see `hwr inspect`)")
+    cleanup.add_argument("--dry-run", action="store_true", help="only show what would be removed")
+    cleanup.add_argument("--yes", action="store_true", help="remove without asking")
+    add_root(cleanup)
+    add_json(cleanup)
+
+    demo = add("demo", _cmd_demo, "publish a synthetic artifact once, lease it from fresh worker processes")
+    demo.add_argument("--size-mib", type=_positive_int, default=512, metavar="N", help="artifact size (default 512)")
+    demo.add_argument("--workers", type=_positive_int, default=3, metavar="N", help="worker processes (default 3)")
+    add_json(demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `hwr`; returns the exit status (argparse exits 2 itself on a malformed command line)."""
+    args = _build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except UsageError as exc:
+        _stderr().print(Text(f"hwr {args.command}: {exc}"))
+        return EXIT_USAGE
+    except ReportedError as exc:
+        _stderr().print(Text(f"hwr {args.command}: {exc}"))
+        return EXIT_FAILURE
+    except HostWeightError as exc:
+        problem = exc.failure
+        _stderr().print(Text(f"hwr {args.command}: [{problem.code.value}] {problem.message}"))
+        return EXIT_FAILURE
+    except ValueError as exc:
+        _stderr().print(Text(f"hwr {args.command}: {exc}"))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _stderr().print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
