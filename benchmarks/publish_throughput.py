@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import mmap
 import os
 import platform
 import shutil
@@ -226,7 +227,8 @@ def main() -> int:
 
             def single_thread_sha(payload_files: list[Path] = payload_files) -> None:
                 for path in payload_files:
-                    hashlib.sha256(path.read_bytes()).digest()
+                    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                        hashlib.sha256(mapped).digest()
 
             sha_s.append(timed(single_thread_sha))
 
@@ -256,6 +258,7 @@ def main() -> int:
             "raw_write_fsync_s": summarize(raw_s),
             "publish_s": summarize(publish_s),
             "publish_vs_raw_throughput": statistics.median(raw_s) / statistics.median(publish_s),
+            "publish_vs_raw_throughput_best": min(raw_s) / min(publish_s),
             "warm_lookup_metadata_s": summarize(warm_s),
             "warm_lookup_fresh_process_s": summarize(fresh_s),
             "full_checksum_lookup_s": summarize(full_s),
@@ -278,7 +281,10 @@ def main() -> int:
         row("FULL_CHECKSUM lookup", "full_checksum_lookup_s")
         row("warm lookup (metadata), in process", "warm_lookup_metadata_s", per_gib=False)
         row("warm lookup, fresh process", "warm_lookup_fresh_process_s", per_gib=False)
-        print(f"  publication throughput / raw write+fsync: {results['publish_vs_raw_throughput']:.2f}")
+        print(
+            f"  publication throughput / raw write+fsync: {results['publish_vs_raw_throughput']:.2f} (medians), "
+            f"{results['publish_vs_raw_throughput_best']:.2f} (best runs)"
+        )
         print(
             f"  FULL_CHECKSUM throughput / single-thread SHA-256: {results['full_checksum_vs_sha256_throughput']:.2f}"
         )

@@ -452,3 +452,19 @@ def test_content_digest_changes_with_every_field(field: int) -> None:
     changed = list(entries[0])
     changed[field] = {0: "a2", 1: "F16", 2: (3, 2), 3: "9" * 64}[field]
     assert content_digest([tuple(changed), entries[1]]) != reference  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_tree_hasher_with_executor_matches_the_spec(size: int) -> None:
+    """The writer's parallel incremental path (whole chunks on a pool, partial ones inline) gives the same digest."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from host_weight_runtime._digest import TreeHasher
+
+    data = _data(size)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        for piece_size in (1, CHUNK - 3, CHUNK, 2 * CHUNK + 1, 5 * CHUNK):
+            hasher = TreeHasher(CHUNK)
+            for start in range(0, len(data), piece_size):
+                hasher.update(data[start : start + piece_size], executor=pool)
+            assert hasher.hexdigest() == _spec_digest(data, CHUNK)

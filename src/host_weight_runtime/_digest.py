@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 
 from .canonical_json import encode_canonical
 
@@ -47,19 +47,35 @@ class TreeHasher:
         self._chunk_digests: list[bytes] = []
         self._length = 0
 
-    def update(self, data: memoryview | bytes) -> None:
+    def update(self, data: memoryview | bytes, executor: Executor | None = None) -> None:
+        """Feed the next bytes; whole chunks go to `executor` in parallel when one is given.
+
+        Returns only when every byte has been hashed, so the caller may reuse `data`.
+        """
         view = memoryview(data).cast("B")
-        while len(view):
-            room = self._chunk_bytes - self._chunk_fill
-            piece = view[:room]
-            self._chunk.update(piece)
-            self._chunk_fill += len(piece)
-            self._length += len(piece)
-            view = view[len(piece) :]
-            if self._chunk_fill == self._chunk_bytes:
-                self._chunk_digests.append(self._chunk.digest())
-                self._chunk = hashlib.sha256()
-                self._chunk_fill = 0
+        if self._chunk_fill:
+            head = view[: self._chunk_bytes - self._chunk_fill]
+            self._feed_partial(head)
+            view = view[len(head) :]
+        whole = len(view) - len(view) % self._chunk_bytes
+        if whole:
+            chunks = [view[start : start + self._chunk_bytes] for start in range(0, whole, self._chunk_bytes)]
+            if executor is not None and len(chunks) > 1:
+                self._chunk_digests.extend(executor.map(_chunk_digest, chunks))
+            else:
+                self._chunk_digests.extend(_chunk_digest(chunk) for chunk in chunks)
+            self._length += whole
+        if len(view) > whole:
+            self._feed_partial(view[whole:])
+
+    def _feed_partial(self, piece: memoryview) -> None:
+        self._chunk.update(piece)
+        self._chunk_fill += len(piece)
+        self._length += len(piece)
+        if self._chunk_fill == self._chunk_bytes:
+            self._chunk_digests.append(self._chunk.digest())
+            self._chunk = hashlib.sha256()
+            self._chunk_fill = 0
 
     def hexdigest(self) -> str:
         digests = list(self._chunk_digests)

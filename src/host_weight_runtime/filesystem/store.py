@@ -797,6 +797,8 @@ class FilesystemHostWeightStore:
                 )
         for name in sorted(_list(self._layout.deny)):
             key = name.removesuffix(".json")
+            if not name.endswith(".json") or not _is_key(key):
+                continue  # a crashed atomic write's temporary, not a marker
             if not os.path.lexists(self._layout.artifacts / key):
                 entries.append(
                     ArtifactInspection(

@@ -25,13 +25,21 @@ import mmap
 import os
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import torch
 
-from .._digest import DIGEST_CHUNK_BYTES, TreeHasher, file_digest, tree_digest, tree_digests_parallel
+from .._digest import (
+    DIGEST_CHUNK_BYTES,
+    TreeHasher,
+    default_hash_threads,
+    file_digest,
+    tree_digest,
+    tree_digests_parallel,
+)
 from .._faults import fault_point
 from ..canonical_json import JsonValue, encode_canonical
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
@@ -383,12 +391,17 @@ class StagingTensorFileWriter:
             with self._lock:
                 self._claim(state, start, stop, ordered_begin=begin if len(data) else None)
                 try:
-                    self._pwrite(data, len(self._layout.header) + begin, name, start, stop)
+                    # The write proceeds on a pool thread while this one (and the pool) hash the same bytes.
+                    pool = self._owner._executor()
+                    written = pool.submit(self._pwrite, data, len(self._layout.header) + begin, name, start, stop)
+                    try:
+                        if state.hasher is not None:
+                            state.hasher.update(data, executor=pool)
+                    finally:
+                        written.result()
                 except BaseException:
                     state.pending.remove((start, stop))
                     raise
-                if state.hasher is not None:
-                    state.hasher.update(data)
                 state.pending.remove((start, stop))
                 if stop > start:
                     state.mark_done(start, stop)
@@ -583,6 +596,7 @@ class StagingArtifactWriter:
         "_finished",
         "_hash_threads",
         "_lock",
+        "_pool",
         "_reserve",
         "_staging_dir",
         "_tensor_names",
@@ -612,6 +626,21 @@ class StagingArtifactWriter:
         self._tensor_names: set[str] = set()
         self._finished: tuple[WrittenFile, ...] | None = None
         self._aborted = False
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _executor(self) -> ThreadPoolExecutor:
+        """Threads that write and hash ordered files side by side (hashlib and pwrite release the GIL)."""
+        with self._lock:
+            if self._pool is None:
+                workers = max(2, self._hash_threads or default_hash_threads())
+                self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hwr-write")
+            return self._pool
+
+    def _shutdown_pool(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     # -- read-only facts
 
@@ -809,6 +838,7 @@ class StagingArtifactWriter:
             self.abort()
             raise
         self._finished = tuple(results)
+        self._shutdown_pool()
         return self._finished
 
     def abort(self) -> None:
@@ -816,6 +846,7 @@ class StagingArtifactWriter:
         with self._lock:
             self._aborted = True
             files = list(self._files)
+        self._shutdown_pool()
         for file_writer in files:
             with contextlib.suppress(Exception):  # abort must never raise
                 file_writer._abandon()
