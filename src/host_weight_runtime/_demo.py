@@ -22,17 +22,20 @@ sleeps. Every wait on a child has a deadline and every child is reaped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -484,6 +487,23 @@ def _run_group(names: Sequence[str], root: Path, size_mib: int) -> list[DemoRow]
             child.reap()
 
 
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit while the children run, so the domain is removed and children reaped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _remove_domain(root: Path) -> None:
     """Remove the demo domain, including its read-only published directories."""
     if not root.exists():
@@ -503,8 +523,9 @@ def run_demo(*, size_mib: int = DEFAULT_SIZE_MIB, workers: int = DEFAULT_WORKERS
         raise DemoError(f"{SHM} is missing or not writable; the demo needs a tmpfs at {SHM}")
     root = Path(tempfile.mkdtemp(prefix="hwr-demo-", dir=SHM))
     try:
-        publisher = _run_group(["publisher"], root, size_mib)
-        worker_rows = _run_group([f"worker {index}" for index in range(1, workers + 1)], root, size_mib)
+        with _terminate_as_exit():
+            publisher = _run_group(["publisher"], root, size_mib)
+            worker_rows = _run_group([f"worker {index}" for index in range(1, workers + 1)], root, size_mib)
     finally:
         _remove_domain(root)
     rows = tuple(publisher + worker_rows)

@@ -370,9 +370,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         _print_json(report.to_dict())
     else:
         console = _stdout()
-        table = Table(title=f"artifact {report.key[:SHORT_KEY]}, {_size(report.artifact_bytes)}", title_justify="left")
-        for column in ("process", "outcome", "time to ready ms", "RSS MiB", "PSS MiB", "artifact PSS MiB"):
-            table.add_column(column, justify="left" if column in ("process", "outcome") else "right")
+        table = Table(
+            title=f"artifact {report.key[:SHORT_KEY]}, {_size(report.artifact_bytes)}; ready in ms, memory in MiB",
+            title_justify="left",
+        )
+        for column in ("process", "outcome", "ready", "RSS", "PSS", "artifact PSS"):
+            table.add_column(column, justify="left" if column in ("process", "outcome") else "right", no_wrap=True)
         mib = float(1 << 20)
         for row in report.rows:
             table.add_row(
