@@ -286,9 +286,10 @@ def _render_verify(verified: bool, validation: ValidationLevel, result: Artifact
     if result.problem is not None:
         console.print(Text(_problem_text(result)))
     if result.state in (ArtifactState.INVALID, ArtifactState.DENIED):
+        first = "a worker's lookup will deny it and " if result.state is ArtifactState.INVALID else ""
         console.print(
             Text(
-                "workers will not use it: the next lookup denies it and the next build quarantines and rebuilds it; "
+                f"workers will not use it: {first}the next build quarantines and rebuilds it; "
                 f"`hwr cleanup {result.key[:SHORT_KEY]}` removes it now"
             )
         )
