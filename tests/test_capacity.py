@@ -70,8 +70,8 @@ def test_artifact_too_large(tmp_path: Path) -> None:
     assert details["artifact_bytes"] == 101 and details["max_artifact_bytes"] == 100
 
 
-def test_store_limit_counts_artifacts_and_tmp_but_not_symlinks(tmp_path: Path) -> None:
-    """S18: published and in-flight bytes count toward max_store_bytes; symlink targets do not."""
+def test_store_limit_counts_artifacts_tmp_and_quarantine_but_not_symlinks(tmp_path: Path) -> None:
+    """S18: published, in-flight and quarantined bytes occupy the medium and count toward max_store_bytes; symlink targets do not."""
     info = _open(tmp_path / "domain", CapacityPolicy(max_store_bytes=200))
     layout = info.layout
     published = layout.artifacts / ("a" * 64)
@@ -83,15 +83,15 @@ def test_store_limit_counts_artifacts_and_tmp_but_not_symlinks(tmp_path: Path) -
     outside = tmp_path / "big"
     outside.write_bytes(b"z" * 10_000)
     (staging / "link").symlink_to(outside)
-    (layout.quarantine / "old").write_bytes(b"q" * 10_000)  # quarantine is not part of the budget
+    (layout.quarantine / "old").write_bytes(b"q" * 30)
     guard = _guard(info)
-    assert guard.store_bytes() == 150
-    guard.check(artifact_bytes=50, additional_bytes=50)
-    error = _expect(FailureCode.STORE_LIMIT_EXCEEDED, guard, artifact_bytes=51, additional_bytes=51)
+    assert guard.store_bytes() == 180
+    guard.check(artifact_bytes=20, additional_bytes=20)
+    error = _expect(FailureCode.STORE_LIMIT_EXCEEDED, guard, artifact_bytes=21, additional_bytes=21)
     assert "HWR_MAX_STORE_BYTES" in error.failure.message
     details = error.failure.details.to_value()
     assert isinstance(details, dict)
-    assert details["store_bytes"] == 150 and details["max_store_bytes"] == 200
+    assert details["store_bytes"] == 180 and details["max_store_bytes"] == 200
 
 
 def test_insufficient_capacity_for_min_free(tmp_path: Path) -> None:

@@ -671,3 +671,12 @@ def test_read_small_file_refuses_symlinks_oversize_and_non_regular(tmp_path: Pat
         read_small_file(fifo)
     with pytest.raises(ValueError):
         read_small_file(tmp_path)
+
+
+def test_damaged_domain_gains_no_directories(tmp_path: Path) -> None:
+    """S19: opening a root whose domain.json is damaged fails before creating any store directory in it."""
+    root = tmp_path / "domain"
+    root.mkdir(mode=0o700)
+    (root / "domain.json").write_bytes(b"not json at all")
+    _expect_failure(FailureCode.DOMAIN_INVALID, lambda: _open(root))
+    assert sorted(os.listdir(root)) == ["domain.json", "locks"]

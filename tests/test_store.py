@@ -154,7 +154,8 @@ def test_cleanup_dry_run_and_active_build(store: FilesystemHostWeightStore) -> N
     build(store)
     key = make_identity().key
     plan = store.cleanup(key, dry_run=True)
-    assert plan.dry_run and plan.removed_paths and artifact_dir(store).exists()
+    assert plan.status is CleanupStatus.PLANNED and plan.dry_run and plan.removed_paths
+    assert artifact_dir(store).exists()
     from host_weight_runtime.filesystem.locks import try_lock
 
     held = try_lock(store.layout.build_lock(key), exclusive=True)
@@ -752,7 +753,7 @@ def test_concurrent_close_waits_for_teardown(store: FilesystemHostWeightStore) -
         release_teardown.set()
         first.join(WAIT_S)
         second.join(WAIT_S)
-    assert observed == [(True, CleanupStatus.REMOVED)]
+    assert observed == [(True, CleanupStatus.PLANNED)]
     lease.close()
     assert lease.closed
 
@@ -769,3 +770,45 @@ def test_unimplemented_coordination_scopes_are_unsupported(root: Path) -> None:
         result = store.get_or_build(BuildRequest(identity), producer, validation=META, deadline=soon())
         assert result.failure is not None and result.failure.code is FailureCode.UNSUPPORTED
         assert producer.calls == 0
+
+
+def test_cleanup_also_removes_quarantined_copies(store: FilesystemHostWeightStore, tamper: Path) -> None:
+    """S08: a quarantined copy is kept for inspection until the operator cleans the key up; it counts as store bytes."""
+    _corrupt(tamper, "truncated")
+    for path in tamper.iterdir():
+        os.chmod(path, 0o444)
+    os.chmod(tamper, 0o555)
+    identity = make_identity()
+    assert store.lookup(identity, validation=META).status is StoreStatus.INVALID
+    rebuilt = store.get_or_build(
+        BuildRequest(identity), SyntheticProducer(identity, make_tensors()), validation=META, deadline=soon()
+    )
+    assert rebuilt.lease is not None
+    rebuilt.lease.close()
+    quarantined = store.layout.quarantined_dirs(identity.key)
+    assert len(quarantined) == 1
+    published = sum(path.stat().st_size for path in artifact_dir(store).iterdir())
+    assert store.inspect_domain().capacity.store_bytes > published
+    result = store.cleanup(identity.key)
+    assert result.status is CleanupStatus.REMOVED and str(quarantined[0]) in result.removed_paths
+    assert store.layout.quarantined_dirs(identity.key) == []
+
+
+def test_inspection_creates_no_lock_files_and_reports_unverified_when_locked(store: FilesystemHostWeightStore) -> None:
+    """S01: inspecting an unknown key creates nothing; an artifact that cannot be locked in time is UNVERIFIED, not READY."""
+    unknown = make_identity(tag="never-built").key
+    before = sorted(os.listdir(store.layout.locks))
+    assert store.inspect_artifact(unknown).state is ArtifactState.MISSING
+    assert sorted(os.listdir(store.layout.locks)) == before
+    build(store)
+    key = make_identity().key
+    from host_weight_runtime.filesystem.locks import try_lock
+
+    publisher = try_lock(store.layout.artifact_lock(key), exclusive=True)
+    assert publisher is not None
+    try:
+        inspected = store.inspect_artifact(key, deadline=time.monotonic())
+    finally:
+        publisher.release()
+    assert inspected.state is ArtifactState.UNVERIFIED and inspected.problem is not None
+    assert inspected.problem.code is FailureCode.LOCK_TIMEOUT and inspected.locks.lease_active

@@ -311,7 +311,7 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
         return _report_cleanup(store.cleanup(key, dry_run=True), json_output=args.json)
     if not args.yes:
         plan = store.cleanup(key, dry_run=True)
-        if plan.status is not CleanupStatus.REMOVED:
+        if plan.status is not CleanupStatus.PLANNED:
             return _report_cleanup(plan, json_output=args.json)
         console = _stderr() if args.json else _stdout()
         _render_cleanup(console, plan)
@@ -339,7 +339,7 @@ def _render_cleanup(console: Console, result: CleanupResult) -> None:
     if result.status is CleanupStatus.NOT_PRESENT:
         console.print(Text(f"nothing stored under {key}; nothing to remove"))
         return
-    if result.status is not CleanupStatus.REMOVED:
+    if result.status not in (CleanupStatus.REMOVED, CleanupStatus.PLANNED):
         line = Text()
         line.append(f"{result.status.value} ", style="red bold")
         line.append(f"{key}: ")

@@ -50,7 +50,10 @@ class StoreResult:
 
 
 class CleanupStatus(str, enum.Enum):
+    """REMOVED (or PLANNED in a dry run), NOT_PRESENT, or why nothing was removed."""
+
     REMOVED = "removed"
+    PLANNED = "planned"
     NOT_PRESENT = "not_present"
     ACTIVE_BUILD = "active_build"
     ACTIVE_LEASE = "active_lease"

@@ -560,9 +560,13 @@ class HostWeightRuntime:
         )
         if outcome is ResolutionOutcome.FAILED and fail is not None:
             _LOG.warning("host weight resolve of %s failed: [%s] %s", key, fail.code.value, fail.message)
-        elif outcome is ResolutionOutcome.CANONICAL_FALLBACK:
-            reason = "no artifact" if fail is None else f"[{fail.code.value}] {fail.message}"
-            _LOG.warning("host weight resolve of %s falls back to canonical loading: %s", key, reason)
+        elif outcome is ResolutionOutcome.CANONICAL_FALLBACK and fail is None:
+            # A clean miss is an ordinary cold start, not a problem.
+            _LOG.info("host weight resolve of %s: no artifact yet; loading canonically", key)
+        elif outcome is ResolutionOutcome.CANONICAL_FALLBACK and fail is not None:
+            _LOG.warning(
+                "host weight resolve of %s falls back to canonical loading: [%s] %s", key, fail.code.value, fail.message
+            )
         self._notify(made)
         return HostWeightResolution(made, lease)
 

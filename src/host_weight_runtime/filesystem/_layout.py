@@ -108,5 +108,13 @@ class DomainLayout:
             return []
         return sorted(self.tmp / name for name in names if name.startswith(prefix))
 
+    def quarantined_dirs(self, key: str) -> list[Path]:
+        prefix = f"{check_key(key)}."
+        try:
+            names = os.listdir(self.quarantine)
+        except FileNotFoundError:
+            return []
+        return sorted(self.quarantine / name for name in names if name.startswith(prefix))
+
     def new_quarantine_dir(self, key: str) -> Path:
         return self.quarantine / f"{check_key(key)}.{time.time_ns()}.{secrets.token_hex(4)}"

@@ -61,8 +61,12 @@ class CapacityGuard:
         return self._storage_class is StorageClass.TMPFS
 
     def store_bytes(self) -> int:
-        """Bytes of regular files under artifacts/ and tmp/ (published plus in-flight builds)."""
-        return _tree_bytes(self._layout.artifacts) + _tree_bytes(self._layout.tmp)
+        """Bytes of regular files under artifacts/, tmp/ and quarantine/: all of it occupies the medium."""
+        return (
+            _tree_bytes(self._layout.artifacts)
+            + _tree_bytes(self._layout.tmp)
+            + _tree_bytes(self._layout.quarantine)
+        )
 
     def check(self, *, artifact_bytes: int, additional_bytes: int) -> None:
         """Raise a retryable HostWeightError (stage PRODUCTION) if writing `additional_bytes` more

@@ -246,11 +246,11 @@ def open_domain(
             fault_point("domain.init_locked")
         except OSError as exc:
             raise _os_failure(exc, f"initialising the domain {root}") from exc
-        # (d) everything else, under the lock
-        for name in (ARTIFACTS_DIR, TMP_DIR, QUARANTINE_DIR, DENY_DIR):
-            _ensure_private_dir(root / name, f"store directory {name}/")
+        # (d) everything else, under the lock; the records first, so a damaged domain gains nothing
         record = _load_or_create_domain_record(layout, scope, detected, mount.fs_type)
         policy = _load_or_create_policy(layout, capacity)
+        for name in (ARTIFACTS_DIR, TMP_DIR, QUARANTINE_DIR, DENY_DIR):
+            _ensure_private_dir(root / name, f"store directory {name}/")
     finally:
         init_lock.release()
 

@@ -15,6 +15,7 @@ from .capacity import CapacitySnapshot
 
 class ArtifactState(str, enum.Enum):
     READY = "ready"
+    UNVERIFIED = "unverified"
     DENIED = "denied"
     INVALID = "invalid"
     QUARANTINED = "quarantined"
@@ -71,6 +72,7 @@ class DomainInspection:
     storage_class: str
     fs_type: str
     huge_pages: str | None
+    mount_point: str
     capacity: CapacitySnapshot
     artifacts: tuple[ArtifactInspection, ...]
 
@@ -83,6 +85,7 @@ class DomainInspection:
             "storage_class": self.storage_class,
             "fs_type": self.fs_type,
             "huge_pages": self.huge_pages,
+            "mount_point": self.mount_point,
             "capacity": {
                 "total_bytes": self.capacity.total_bytes,
                 "free_bytes": self.capacity.free_bytes,

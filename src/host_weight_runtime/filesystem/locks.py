@@ -23,7 +23,7 @@ from typing import NoReturn
 from ..failures import FailureCode, HostWeightError, ResolutionStage, raise_failure
 from ._fsutil import failure_from_os_error
 
-__all__ = ["FileLock", "acquire_lock", "try_lock"]
+__all__ = ["FileLock", "acquire_lock", "lock_in_use", "try_lock"]
 
 _BACKOFF_START_S = 0.001
 _BACKOFF_MAX_S = 0.020
@@ -201,3 +201,40 @@ def acquire_lock(
     except BaseException:
         os.close(fd)
         raise
+
+
+_PROC_LOCKS = Path("/proc/locks")
+
+
+def _listed_in_proc_locks(info: os.stat_result) -> bool:
+    """Whether /proc/locks lists a granted flock on this inode (waiters, marked '->', do not count)."""
+    wanted = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    with _PROC_LOCKS.open() as table:
+        for line in table:
+            fields = line.split()
+            if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == wanted:
+                return True
+    return False
+
+
+def lock_in_use(path: Path) -> bool:
+    """Whether anyone holds the lock at `path`, disturbing holders and waiters as little as possible.
+
+    A missing lock file means no holder (and is not created). /proc/locks answers without
+    touching the lock; since it may hide holders in other PID namespaces, an empty answer
+    is confirmed by a non-blocking exclusive probe that is released at once.
+    """
+    try:
+        info = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    try:
+        if _listed_in_proc_locks(info):
+            return True
+    except OSError:
+        pass  # no /proc/locks here: the probe below decides
+    probe = try_lock(path, exclusive=True)
+    if probe is None:
+        return True
+    probe.release()
+    return False

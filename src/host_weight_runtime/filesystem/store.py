@@ -41,7 +41,7 @@ from ._layout import DomainLayout, check_key
 from .capacity import CapacityGuard, failure_from_os_error
 from .domain import DomainInfo, MountTable, open_domain
 from .inspection import ArtifactInspection, ArtifactState, DomainInspection, LockActivity
-from .locks import FileLock, acquire_lock, try_lock
+from .locks import FileLock, acquire_lock, lock_in_use, try_lock
 from .reader import ArtifactReadError, InvalidArtifactError, ValidatedArtifact, open_artifact
 from .writer import StagingArtifactWriter, WrittenFile
 
@@ -649,7 +649,10 @@ class FilesystemHostWeightStore:
     # ------------------------------------------------------------------ cleanup
 
     def cleanup(self, key: str, *, dry_run: bool = False) -> CleanupResult:
-        """Remove one key's artifact, deny marker and temporaries; never waits for a lock."""
+        """Remove one key's artifact, deny marker, temporaries and quarantined copies; never waits for a lock.
+
+        With `dry_run` nothing is removed and the result (status PLANNED) lists what would be.
+        """
         check_key(key)
         build_lock = try_lock(self._layout.build_lock(key), exclusive=True)
         if build_lock is None:
@@ -686,14 +689,19 @@ class FilesystemHostWeightStore:
     def _cleanup_locked(self, key: str, *, dry_run: bool) -> CleanupResult:
         targets = [
             path
-            for path in (self._layout.artifact_dir(key), self._layout.deny_marker(key), *self._layout.staging_dirs(key))
+            for path in (
+                self._layout.artifact_dir(key),
+                self._layout.deny_marker(key),
+                *self._layout.staging_dirs(key),
+                *self._layout.quarantined_dirs(key),
+            )
             if os.path.lexists(path)
         ]
         if not targets:
             return CleanupResult(key, CleanupStatus.NOT_PRESENT)
         size = sum(_tree_bytes(path) if path.is_dir() else path.lstat().st_size for path in targets)
         if dry_run:
-            return CleanupResult(key, CleanupStatus.REMOVED, size, tuple(str(path) for path in targets), dry_run=True)
+            return CleanupResult(key, CleanupStatus.PLANNED, size, tuple(str(path) for path in targets), dry_run=True)
         try:
             artifact_dir = self._layout.artifact_dir(key)
             if os.path.lexists(artifact_dir):
@@ -716,13 +724,10 @@ class FilesystemHostWeightStore:
     # ------------------------------------------------------------------ inspection
 
     def _lock_activity(self, key: str) -> LockActivity:
-        build_lock = try_lock(self._layout.build_lock(key), exclusive=True)
-        if build_lock is not None:
-            build_lock.release()
-        artifact_lock = try_lock(self._layout.artifact_lock(key), exclusive=True)
-        if artifact_lock is not None:
-            artifact_lock.release()
-        return LockActivity(build_active=build_lock is None, lease_active=artifact_lock is None)
+        return LockActivity(
+            build_active=lock_in_use(self._layout.build_lock(key)),
+            lease_active=lock_in_use(self._layout.artifact_lock(key)),
+        )
 
     def inspect_artifact(
         self,
@@ -754,7 +759,9 @@ class FilesystemHostWeightStore:
                 what="the artifact lock",
             )
         except HostWeightError as exc:
-            return ArtifactInspection(key, ArtifactState.READY, str(artifact_dir), size, activity, problem=exc.failure)
+            return ArtifactInspection(
+                key, ArtifactState.UNVERIFIED, str(artifact_dir), size, activity, problem=exc.failure
+            )
         try:
             validated = open_artifact(
                 artifact_dir,
@@ -837,6 +844,7 @@ class FilesystemHostWeightStore:
             storage_class=self._domain.storage_class.value,
             fs_type=self._domain.fs_type,
             huge_pages=self._domain.huge_pages,
+            mount_point=self._domain.mount_point,
             capacity=self._capacity.snapshot(),
             artifacts=tuple(entries),
         )
