@@ -11,7 +11,6 @@ setup: $(STAMP)
 # torch==2.13.0 first: a looser pin makes pip pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
 	$(BIN)/python -m pip install --quiet -e ".[test,lint]"
 	touch $(STAMP)
