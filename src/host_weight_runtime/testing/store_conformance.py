@@ -62,6 +62,7 @@ from ..protocols import (
     ProductionMetadata,
     ProductionSourceMode,
     TensorWriteSpec,
+    WeightProducer,
     WeightProductionSpec,
 )
 from ..tensors import ValidationLevel
@@ -253,12 +254,13 @@ class HostWeightStoreConformance:
     def call_get_or_build(
         self,
         store: HostWeightStore,
-        producer: TensorDictProducer,
+        producer: WeightProducer,
         *,
         identity: WeightArtifactIdentity | None = None,
         validation: ValidationLevel = META,
     ) -> StoreResult:
-        wanted = producer.identity if identity is None else identity
+        """get_or_build `identity` (default: the producer's first declared output) with a fresh deadline."""
+        wanted = producer.spec.outputs[0] if identity is None else identity
         result = self._track(
             store.get_or_build(
                 BuildRequest(wanted),
@@ -273,6 +275,7 @@ class HostWeightStoreConformance:
     def call_lookup(
         self, store: HostWeightStore, identity: WeightArtifactIdentity, *, validation: ValidationLevel = META
     ) -> StoreResult:
+        """lookup with a fresh deadline; a lease it returns is closed at teardown."""
         result = self._track(store.lookup(identity, validation=validation, deadline=time.monotonic() + self.deadline_s))
         assert result.identity == identity
         return result
