@@ -725,7 +725,7 @@ def test_concurrent_close_waits_for_teardown(store: FilesystemHostWeightStore) -
     identity = make_identity()
     lease = store.lookup(identity, validation=META).lease
     assert lease is not None
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="HostWeightLease cannot be pickled"):
         pickle.dumps(lease)
     in_teardown = threading.Event()
     release_teardown = threading.Event()

@@ -711,7 +711,9 @@ class FilesystemHostWeightStore:
                 os.rename(artifact_dir, doomed)
                 fsync_dir(self._layout.artifacts)
                 _remove_tree(doomed)
-            for path in targets[1:]:
+            for path in targets:
+                if path == artifact_dir:
+                    continue
                 _remove_tree(path)
         except OSError as exc:
             return CleanupResult(
