@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from host_weight_runtime import FilesystemHostWeightStore, HostWeightStore
+from host_weight_runtime.filesystem._fsutil import remove_tree
 from host_weight_runtime.testing.store_conformance import HostWeightStoreConformance
 
 SHM = Path("/dev/shm")
 
 
 def remove_domain(path: Path) -> None:
-    """Remove a test domain, first making its read-only (0555) directories writable again."""
-    if not path.exists():
-        return
-    for directory, _subdirs, _files in os.walk(path):
-        os.chmod(directory, 0o700)
-    shutil.rmtree(path)
+    """Remove a test domain, read-only (0555) published directories included."""
+    remove_tree(path)
 
 
 class TestFilesystemStoreConformance(HostWeightStoreConformance):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import enum
 import json
 import os
-import shutil
 import stat
 import tempfile
 import time
@@ -51,6 +50,7 @@ from host_weight_runtime import (
     StoreStatus,
     ValidationLevel,
 )
+from host_weight_runtime.filesystem._fsutil import remove_tree
 from host_weight_runtime.identity import WeightArtifactIdentity
 
 from .support import SyntheticProducer, make_identity, make_tensors
@@ -141,11 +141,8 @@ def snapshot(directory: Path) -> dict[str, tuple[int, int, int, int, bytes]]:
 
 
 def remove_domain(path: Path) -> None:
-    if not path.exists():
-        return
-    for directory, _subdirs, _files in os.walk(path):
-        os.chmod(directory, 0o700)
-    shutil.rmtree(path)
+    """Remove a test domain, read-only (0555) published directories included."""
+    remove_tree(path)
 
 
 class StoreMachine(RuleBasedStateMachine):

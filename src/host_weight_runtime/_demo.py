@@ -28,7 +28,6 @@ import json
 import math
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +42,7 @@ import torch
 
 from .canonical_json import CanonicalJson, JsonValue
 from .config import HostWeightRuntimeConfig, RuntimeMode, StorageClass
+from .filesystem._fsutil import remove_tree
 from .identity import (
     IDENTITY_SCHEMA_VERSION,
     AdaptationIdentity,
@@ -506,11 +506,7 @@ def _terminate_as_exit() -> Iterator[None]:
 
 def _remove_domain(root: Path) -> None:
     """Remove the demo domain, including its read-only published directories."""
-    if not root.exists():
-        return
-    for directory, _subdirs, _files in os.walk(root):
-        os.chmod(directory, 0o700)
-    shutil.rmtree(root)
+    remove_tree(root)
 
 
 def run_demo(*, size_mib: int = DEFAULT_SIZE_MIB, workers: int = DEFAULT_WORKERS) -> DemoReport:

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import secrets
+import shutil
 import stat
 from pathlib import Path
 
@@ -22,7 +23,10 @@ __all__ = [
     "failure_from_os_error",
     "fsync_dir",
     "read_small_file",
+    "remove_tree",
+    "tree_bytes",
     "write_file_atomic",
+    "write_new_file",
 ]
 
 DEFAULT_SMALL_FILE_LIMIT = 16 * 1024 * 1024
@@ -43,6 +47,59 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_new_file(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    """Create `path` (it must not exist, and is never a symlink), write all of `data`, fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    try:
+        os.fchmod(fd, mode)  # the umask must not change what the caller asked for
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a file or directory tree, first making read-only (published) directories writable."""
+    if not os.path.lexists(path):
+        return
+    if path.is_symlink() or not path.is_dir():
+        path.unlink()
+        return
+    for directory, _subdirs, _files in os.walk(path):
+        os.chmod(directory, 0o700)
+    shutil.rmtree(path)
+
+
+def tree_bytes(top: Path) -> int:
+    """Sum st_size of regular files below `top` without following symlinks.
+
+    Builds finish and cleanups run concurrently, so an entry that vanishes between
+    listing and stat is simply no longer part of the store; other errors propagate.
+    """
+    total = 0
+    pending = [top]
+    while pending:
+        directory = pending.pop()
+        try:
+            with os.scandir(directory) as listing:
+                entries = list(listing)
+        except FileNotFoundError:
+            continue  # removed concurrently (or the store directory does not exist yet)
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed concurrently
+            if stat.S_ISDIR(info.st_mode):
+                pending.append(Path(entry.path))
+            elif stat.S_ISREG(info.st_mode):
+                total += info.st_size
+    return total
+
+
 def write_file_atomic(path: Path, data: bytes, *, mode: int = 0o600) -> None:
     """Replace `path` with `data` so readers see the old file or the complete new one.
 
@@ -52,18 +109,9 @@ def write_file_atomic(path: Path, data: bytes, *, mode: int = 0o600) -> None:
     """
     parent = path.parent
     temp = parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     renamed = False
     try:
-        try:
-            os.fchmod(fd, mode)  # the umask must not change what the caller asked for
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_new_file(temp, data, mode=mode)
         os.rename(temp, path)
         renamed = True
         fsync_dir(parent)

@@ -8,9 +8,7 @@ memory) and failing halfway.
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..config import (
     ENV_MAX_ARTIFACT_BYTES,
@@ -20,7 +18,7 @@ from ..config import (
     StorageClass,
 )
 from ..failures import FailureCode, HostWeightError, ResolutionStage, raise_failure
-from ._fsutil import failure_from_os_error
+from ._fsutil import failure_from_os_error, tree_bytes
 from ._layout import DomainLayout
 
 __all__ = ["CapacityGuard", "CapacitySnapshot", "failure_from_os_error"]
@@ -62,11 +60,7 @@ class CapacityGuard:
 
     def store_bytes(self) -> int:
         """Bytes of regular files under artifacts/, tmp/ and quarantine/: all of it occupies the medium."""
-        return (
-            _tree_bytes(self._layout.artifacts)
-            + _tree_bytes(self._layout.tmp)
-            + _tree_bytes(self._layout.quarantine)
-        )
+        return tree_bytes(self._layout.artifacts) + tree_bytes(self._layout.tmp) + tree_bytes(self._layout.quarantine)
 
     def check(self, *, artifact_bytes: int, additional_bytes: int) -> None:
         """Raise a retryable HostWeightError (stage PRODUCTION) if writing `additional_bytes` more
@@ -157,30 +151,3 @@ class CapacityGuard:
                 failure_from_os_error(exc, stage=_STAGE, what="querying free space of the domain")
             ) from exc
         return info.f_blocks * info.f_frsize, info.f_bavail * info.f_frsize
-
-
-def _tree_bytes(top: Path) -> int:
-    """Sum st_size of regular files below `top` without following symlinks.
-
-    Builds finish and cleanups run concurrently, so an entry that vanishes between
-    listing and stat is simply no longer part of the store; other errors propagate.
-    """
-    total = 0
-    pending = [top]
-    while pending:
-        directory = pending.pop()
-        try:
-            with os.scandir(directory) as listing:
-                entries = list(listing)
-        except FileNotFoundError:
-            continue  # removed concurrently (or the store directory does not exist yet)
-        for entry in entries:
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue  # removed concurrently
-            if stat.S_ISDIR(info.st_mode):
-                pending.append(Path(entry.path))
-            elif stat.S_ISREG(info.st_mode):
-                total += info.st_size
-    return total

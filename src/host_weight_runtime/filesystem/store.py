@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
-import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -36,7 +34,7 @@ from ..manifest import (
 from ..outcomes import CleanupResult, CleanupStatus, StoreResult, StoreStatus
 from ..protocols import BuildRequest, CoordinationScope, ProductionMetadata, WeightProducer
 from ..tensors import ValidationLevel
-from ._fsutil import fsync_dir, write_file_atomic
+from ._fsutil import fsync_dir, remove_tree, tree_bytes, write_file_atomic, write_new_file
 from ._layout import DomainLayout, check_key
 from .capacity import CapacityGuard, failure_from_os_error
 from .domain import DomainInfo, MountTable, open_domain
@@ -54,31 +52,6 @@ class _BuildFailedError(Exception):
     def __init__(self, failure: HostWeightFailure) -> None:
         super().__init__(failure.message)
         self.failure = failure
-
-
-def _remove_tree(path: Path) -> None:
-    """Remove a directory tree, first making read-only directories writable again."""
-    if not path.exists() and not path.is_symlink():
-        return
-    if path.is_symlink() or not path.is_dir():
-        path.unlink()
-        return
-    for directory, _subdirs, _files in os.walk(path):
-        os.chmod(directory, _PRIVATE_DIR_MODE)
-    shutil.rmtree(path)
-
-
-def _tree_bytes(path: Path) -> int:
-    total = 0
-    for directory, _subdirs, files in os.walk(path):
-        for name in files:
-            try:
-                info = os.lstat(os.path.join(directory, name))
-            except FileNotFoundError:
-                continue
-            if stat.S_ISREG(info.st_mode):
-                total += info.st_size
-    return total
 
 
 class FilesystemHostWeightStore:
@@ -357,7 +330,7 @@ class FilesystemHostWeightStore:
             # Holding the build lock, any other staging directory of this key is a dead builder's;
             # our own process's may belong to a concurrent lockless call and is left alone.
             if not stale.name.startswith(own_prefix):
-                _remove_tree(stale)
+                remove_tree(stale)
         joined = self._lookup(identity, validation=validation, deadline=deadline, source=LeaseSource.JOINED)
         if joined.status is StoreStatus.HIT:
             assert joined.lease is not None
@@ -478,7 +451,7 @@ class FilesystemHostWeightStore:
         """Write manifest then READY (last), harden permissions and fsync everything."""
         fault_point("publication.before_manifest")
         manifest_bytes = manifest.to_bytes()
-        _write_new_file(staging / MANIFEST_FILE_NAME, manifest_bytes)
+        write_new_file(staging / MANIFEST_FILE_NAME, manifest_bytes)
         fault_point("publication.after_manifest")
         marker = PublicationMarker(
             identity_key=manifest.identity_key,
@@ -487,7 +460,7 @@ class FilesystemHostWeightStore:
             content_digest=manifest.content_digest,
             published_at_ns=time.time_ns(),
         )
-        _write_new_file(staging / READY_FILE_NAME, marker.to_bytes())
+        write_new_file(staging / READY_FILE_NAME, marker.to_bytes())
         fault_point("publication.after_ready")
         for name in os.listdir(staging):
             os.chmod(staging / name, 0o444)
@@ -644,7 +617,7 @@ class FilesystemHostWeightStore:
     def _discard(self, staging: Path) -> None:
         # If this fails, the next builder of this key removes the stale staging directory.
         with contextlib.suppress(OSError):
-            _remove_tree(staging)
+            remove_tree(staging)
 
     # ------------------------------------------------------------------ cleanup
 
@@ -699,7 +672,7 @@ class FilesystemHostWeightStore:
         ]
         if not targets:
             return CleanupResult(key, CleanupStatus.NOT_PRESENT)
-        size = sum(_tree_bytes(path) if path.is_dir() else path.lstat().st_size for path in targets)
+        size = sum(tree_bytes(path) if path.is_dir() else path.lstat().st_size for path in targets)
         if dry_run:
             return CleanupResult(key, CleanupStatus.PLANNED, size, tuple(str(path) for path in targets), dry_run=True)
         try:
@@ -710,11 +683,11 @@ class FilesystemHostWeightStore:
                 os.chmod(artifact_dir, _PRIVATE_DIR_MODE)
                 os.rename(artifact_dir, doomed)
                 fsync_dir(self._layout.artifacts)
-                _remove_tree(doomed)
+                remove_tree(doomed)
             for path in targets:
                 if path == artifact_dir:
                     continue
-                _remove_tree(path)
+                remove_tree(path)
         except OSError as exc:
             return CleanupResult(
                 key,
@@ -748,10 +721,10 @@ class FilesystemHostWeightStore:
             staging = self._layout.staging_dirs(key)
             if staging:
                 return ArtifactInspection(
-                    key, ArtifactState.TEMPORARY, str(staging[0]), sum(_tree_bytes(p) for p in staging), activity
+                    key, ArtifactState.TEMPORARY, str(staging[0]), sum(tree_bytes(p) for p in staging), activity
                 )
             return ArtifactInspection(key, ArtifactState.MISSING, str(artifact_dir), 0, activity)
-        size = _tree_bytes(artifact_dir)
+        size = tree_bytes(artifact_dir)
         try:
             lock = acquire_lock(
                 self._layout.artifact_lock(key),
@@ -821,7 +794,7 @@ class FilesystemHostWeightStore:
                     name.split(".", 1)[0],
                     ArtifactState.QUARANTINED,
                     str(path),
-                    _tree_bytes(path),
+                    tree_bytes(path),
                     LockActivity(False, False),
                 )
             )
@@ -835,7 +808,7 @@ class FilesystemHostWeightStore:
                     key,
                     ArtifactState.TEMPORARY,
                     str(path),
-                    _tree_bytes(path),
+                    tree_bytes(path),
                     self._lock_activity(key) if _is_key(key) else LockActivity(False, False),
                 )
             )
@@ -865,15 +838,3 @@ def _is_key(name: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _write_new_file(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
