@@ -792,6 +792,29 @@ def test_unimplemented_coordination_scope_is_unsupported(
     assert post_load.calls == 0
 
 
+class _OfflineRemote:
+    """A remote provider that would offer nothing; the runtime must refuse it, not ignore it."""
+
+    provider_id = "offline-test-remote"
+
+    def probe(self, identity: WeightArtifactIdentity) -> None:
+        raise AssertionError("probe must never be called")
+
+    def fetch(self, descriptor: object, writer: object) -> None:
+        raise AssertionError("fetch must never be called")
+
+
+def test_remote_providers_are_unsupported(tmp_path: Path) -> None:
+    """S24: remote artifact providers are modelled but not implemented: a typed UNSUPPORTED error, never ignored."""
+    root = tmp_path / "hwr"
+    with pytest.raises(HostWeightError) as raised:
+        HostWeightRuntime(HostWeightRuntimeConfig(root=root), remote_providers=[_OfflineRemote()])  # type: ignore[list-item]
+    assert raised.value.code is FailureCode.UNSUPPORTED and not raised.value.retryable
+    assert raised.value.failure.stage is ResolutionStage.REMOTE
+    assert "offline-test-remote" in raised.value.failure.details.data.decode()
+    assert not root.exists()
+
+
 # --------------------------------------------------------------------------- misc contract
 
 

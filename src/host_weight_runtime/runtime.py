@@ -50,7 +50,14 @@ from .outcomes import (
     StoreResult,
     StoreStatus,
 )
-from .protocols import BuildRequest, CoordinationScope, HostWeightStore, LookupPhase, WeightProducer
+from .protocols import (
+    BuildRequest,
+    CoordinationScope,
+    HostWeightStore,
+    LookupPhase,
+    RemoteArtifactProvider,
+    WeightProducer,
+)
 
 __all__ = [
     "ALWAYS_FATAL",
@@ -132,9 +139,21 @@ class HostWeightRuntime:
         *,
         store_factory: StoreFactory | None = None,
         observers: Sequence[RuntimeObserver] = (),
+        remote_providers: Sequence[RemoteArtifactProvider] = (),
     ) -> None:
         if not isinstance(config, HostWeightRuntimeConfig):
             raise TypeError(f"config must be a HostWeightRuntimeConfig, got {type(config).__name__}")
+        if remote_providers:
+            # Modelled by the protocols but not implemented: refuse loudly rather than ignore (S24).
+            raise HostWeightError(
+                failure(
+                    ResolutionStage.REMOTE,
+                    FailureCode.UNSUPPORTED,
+                    "remote artifact providers are not implemented in this version; "
+                    "construct the runtime without remote_providers",
+                    provider_ids=[str(provider.provider_id) for provider in remote_providers],
+                )
+            )
         for observer in observers:
             if not callable(observer):
                 raise TypeError(f"observer {observer!r} is not callable")
