@@ -173,7 +173,7 @@ def _render_domain(console: Console, snapshot: DomainInspection) -> None:
     facts.add_row("root", snapshot.root)
     facts.add_row("domain id", snapshot.domain_id)
     facts.add_row("scope", snapshot.scope)
-    facts.add_row("filesystem", snapshot.fs_type)
+    facts.add_row("filesystem", f"{snapshot.fs_type} mounted at {snapshot.mount_point}")
     facts.add_row("storage class", snapshot.storage_class)
     facts.add_row("huge_pages", "n/a (not tmpfs)" if snapshot.huge_pages is None else snapshot.huge_pages)
     medium = "memory (tmpfs: stored bytes are RAM)" if capacity.is_memory else "disk"
