@@ -6,6 +6,7 @@ import multiprocessing
 import multiprocessing.process
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import torch
@@ -165,6 +166,30 @@ def production_count(counter_path: Path) -> int:
 
 
 SPAWN = multiprocessing.get_context("spawn")
+
+
+@contextmanager
+def spawned_child(target: Callable[..., None], *args: object) -> Iterator[Connection]:
+    """Run `target(*args, conn)` in a spawned child; yield our end of the pipe; always reap it."""
+    parent_conn, child_conn = SPAWN.Pipe()
+    process = SPAWN.Process(target=target, args=(*args, child_conn), daemon=True)
+    process.start()
+    child_conn.close()
+    try:
+        yield parent_conn
+    finally:
+        process.join(CHILD_TIMEOUT_S)
+        if process.is_alive():
+            process.kill()
+            process.join(CHILD_TIMEOUT_S)
+        parent_conn.close()
+    assert process.exitcode == 0, f"child exited with {process.exitcode}"
+
+
+def recv_within(conn: Connection, timeout_s: float = CHILD_TIMEOUT_S) -> object:
+    """Receive one message, failing the test (not hanging) if the child says nothing in time."""
+    assert conn.poll(timeout_s), "child did not answer in time"
+    return conn.recv()
 
 
 @contextmanager

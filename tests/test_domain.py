@@ -11,7 +11,6 @@ import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -32,6 +31,8 @@ from host_weight_runtime.filesystem.domain import (
 )
 from host_weight_runtime.filesystem.locks import acquire_lock
 from host_weight_runtime.protocols import CoordinationScope
+
+from .support import recv_within, spawned_child
 
 TIMEOUT_S = 60.0
 _SPAWN = multiprocessing.get_context("spawn")
@@ -550,42 +551,19 @@ def _child_open_domain(root: str, conn: Connection) -> None:
     conn.close()
 
 
-@contextmanager
-def _spawned(target: Callable[..., None], *args: object) -> Iterator[Connection]:
-    """Run `target(*args, conn)` in a spawned child; always reap it."""
-    parent_conn, child_conn = _SPAWN.Pipe()
-    process = _SPAWN.Process(target=target, args=(*args, child_conn), daemon=True)
-    process.start()
-    child_conn.close()
-    try:
-        yield parent_conn
-    finally:
-        process.join(TIMEOUT_S)
-        if process.is_alive():
-            process.kill()
-            process.join(TIMEOUT_S)
-        parent_conn.close()
-    assert process.exitcode == 0, f"child exited with {process.exitcode}"
-
-
-def _recv(conn: Connection) -> object:
-    assert conn.poll(TIMEOUT_S), "child did not answer in time"
-    return conn.recv()
-
-
 def test_stalled_init_lock_holder_times_out_then_succeeds(tmp_path: Path) -> None:
     """S23: while another process holds domain-init.lock, opening times out (retryable); after, it works."""
     root = tmp_path / "domain"
     (root / "locks").mkdir(parents=True, mode=0o700)
     os.chmod(root, 0o700)
-    with _spawned(_child_hold_init_lock, str(root)) as conn:
-        assert _recv(conn) == "held"
+    with spawned_child(_child_hold_init_lock, str(root)) as conn:
+        assert recv_within(conn) == "held"
         error = _expect_failure(FailureCode.LOCK_TIMEOUT, lambda: _open(root, init_timeout_s=0.2))
         assert error.retryable is True
         assert "domain-init lock" in error.failure.message and str(root) in error.failure.message
         assert not (root / "domain.json").exists()  # nothing was initialised without the lock
         conn.send("release")
-        assert _recv(conn) == "released"
+        assert recv_within(conn) == "released"
     info = _open(root, init_timeout_s=0.2)
     assert (root / "domain.json").is_file()
     assert _open(root).domain_id == info.domain_id
@@ -594,11 +572,11 @@ def test_stalled_init_lock_holder_times_out_then_succeeds(tmp_path: Path) -> Non
 def test_open_domain_paused_under_init_lock_blocks_others(tmp_path: Path) -> None:
     """S23: a process stalled inside initialisation makes others time out; once it goes on, all agree."""
     root = tmp_path / "domain"
-    with _spawned(_child_open_domain_paused, str(root)) as conn:
-        assert _recv(conn) == "domain.init_locked"
+    with spawned_child(_child_open_domain_paused, str(root)) as conn:
+        assert recv_within(conn) == "domain.init_locked"
         _expect_failure(FailureCode.LOCK_TIMEOUT, lambda: _open(root, init_timeout_s=0.2))
         conn.send("go")
-        child_domain_id = _recv(conn)
+        child_domain_id = recv_within(conn)
     assert _open(root).domain_id == child_domain_id
 
 
@@ -606,8 +584,8 @@ def test_concurrent_first_openers_agree_on_one_domain(tmp_path: Path) -> None:
     """Several processes creating the same domain at once all see one domain id."""
     root = tmp_path / "domain"
     ids: list[object] = []
-    with _spawned(_child_open_domain, str(root)) as first, _spawned(_child_open_domain, str(root)) as second:
-        ids.extend([_recv(first), _recv(second)])
+    with spawned_child(_child_open_domain, str(root)) as first, spawned_child(_child_open_domain, str(root)) as second:
+        ids.extend([recv_within(first), recv_within(second)])
     ids.append(_open(root).domain_id)
     assert len(set(ids)) == 1
 

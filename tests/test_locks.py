@@ -11,8 +11,6 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -20,6 +18,8 @@ import pytest
 
 from host_weight_runtime.failures import FailureCode, HostWeightError, ResolutionStage
 from host_weight_runtime.filesystem.locks import FileLock, acquire_lock, try_lock
+
+from .support import recv_within, spawned_child
 
 TIMEOUT_S = 60.0
 _SPAWN = multiprocessing.get_context("spawn")
@@ -49,32 +49,9 @@ def _child_hold_lock(path: str, exclusive: bool, conn: Connection) -> None:
     conn.close()
 
 
-@contextmanager
-def _spawned(target: Callable[..., None], *args: object) -> Iterator[Connection]:
-    """Run `target(*args, conn)` in a spawned child; always reap it."""
-    parent_conn, child_conn = _SPAWN.Pipe()
-    process = _SPAWN.Process(target=target, args=(*args, child_conn), daemon=True)
-    process.start()
-    child_conn.close()
-    try:
-        yield parent_conn
-    finally:
-        process.join(TIMEOUT_S)
-        if process.is_alive():
-            process.kill()
-            process.join(TIMEOUT_S)
-        parent_conn.close()
-    assert process.exitcode == 0, f"child exited with {process.exitcode}"
-
-
-def _recv(conn: Connection) -> object:
-    assert conn.poll(TIMEOUT_S), "child did not answer in time"
-    return conn.recv()
-
-
 def _other_process_can_lock(path: Path, *, exclusive: bool) -> bool:
-    with _spawned(_child_try_lock, str(path), exclusive) as conn:
-        result = _recv(conn)
+    with spawned_child(_child_try_lock, str(path), exclusive) as conn:
+        result = recv_within(conn)
     assert isinstance(result, bool)
     return result
 
@@ -125,12 +102,12 @@ def test_exclusive_excludes_other_fd_and_other_process(lock_path: Path) -> None:
 
 def test_try_lock_returns_none_while_another_process_holds_it(lock_path: Path) -> None:
     """try_lock never waits: it returns None while another process holds the lock."""
-    with _spawned(_child_hold_lock, str(lock_path), True) as conn:
-        assert _recv(conn) == "held"
+    with spawned_child(_child_hold_lock, str(lock_path), True) as conn:
+        assert recv_within(conn) == "held"
         assert try_lock(lock_path, exclusive=True) is None
         assert try_lock(lock_path, exclusive=False) is None
         conn.send("release")
-        assert _recv(conn) == "released"
+        assert recv_within(conn) == "released"
     relocked = try_lock(lock_path, exclusive=True)
     assert relocked is not None
     relocked.release()
@@ -181,13 +158,13 @@ def test_acquire_lock_waits_until_holder_releases(lock_path: Path) -> None:
         except BaseException as exc:  # reported to the test thread below
             errors.append(exc)
 
-    with _spawned(_child_hold_lock, str(lock_path), True) as conn:
-        assert _recv(conn) == "held"
+    with spawned_child(_child_hold_lock, str(lock_path), True) as conn:
+        assert recv_within(conn) == "held"
         waiter = threading.Thread(target=wait_for_lock, daemon=True)
         waiter.start()
         assert not acquired  # the child still holds it; the waiter cannot have it
         conn.send("release")
-        assert _recv(conn) == "released"
+        assert recv_within(conn) == "released"
         waiter.join(TIMEOUT_S)
         assert not waiter.is_alive()
     assert not errors
