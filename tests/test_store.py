@@ -326,7 +326,7 @@ def test_weaker_lookup_cannot_return_after_stronger_denial(store: FilesystemHost
     assert outcome["backing"] is None
 
 
-def _rewrite_manifest(directory: Path, change: dict[str, object]) -> None:
+def _rewrite_manifest(directory: Path, change: dict[str, object], *, content_digest: str | None = None) -> None:
     manifest = json.loads((directory / MANIFEST_FILE_NAME).read_bytes())
     manifest.update(change)
     from host_weight_runtime.canonical_json import encode_canonical
@@ -338,7 +338,7 @@ def _rewrite_manifest(directory: Path, change: dict[str, object]) -> None:
         identity_key=marker.identity_key,
         publication_id=marker.publication_id,
         manifest_sha256=manifest_sha256(manifest_bytes),
-        content_digest=marker.content_digest,
+        content_digest=content_digest or marker.content_digest,
         published_at_ns=marker.published_at_ns,
     )
     (directory / READY_FILE_NAME).write_bytes(forged.to_bytes())
@@ -409,6 +409,18 @@ def test_manifest_schema_mismatch_is_incompatible(store: FilesystemHostWeightSto
     result = store.lookup(make_identity(), validation=META)
     assert result.status is StoreStatus.INVALID and result.failure is not None
     assert result.failure.code is FailureCode.MANIFEST_INCOMPATIBLE
+
+
+def test_forged_content_digest_is_caught_by_full_checksum(store: FilesystemHostWeightStore, tamper: Path) -> None:
+    """S08: a manifest (and READY) whose content digest does not follow from its tensor digests fails FULL_CHECKSUM."""
+    forged = "f" * 64
+    _rewrite_manifest(tamper, {"content_digest": forged}, content_digest=forged)
+    for path in tamper.iterdir():
+        os.chmod(path, 0o444)
+    os.chmod(tamper, 0o555)
+    result = store.lookup(make_identity(), validation=FULL)
+    assert result.status is StoreStatus.INVALID and result.failure is not None
+    assert result.failure.code is FailureCode.MANIFEST_INVALID
 
 
 def test_producer_reporting_other_schema_fails(root: Path) -> None:

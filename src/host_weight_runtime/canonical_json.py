@@ -62,6 +62,20 @@ def encode_canonical(value: object) -> bytes:
         raise ValueError(f"canonical JSON text must be valid Unicode (no lone surrogates): {exc}") from exc
 
 
+def _encode_decoded(value: JsonValue) -> bytes:
+    """Canonical bytes of a value that `decode_json` produced (already JSON-native, so unchecked)."""
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"canonical JSON text must be valid Unicode (no lone surrogates): {exc}") from exc
+
+
+def is_canonical(data: bytes, value: JsonValue) -> bool:
+    """Whether `data`, which decoded to `value`, is already in canonical form."""
+    return _encode_decoded(value) == data
+
+
 def decode_json(data: bytes) -> JsonValue:
     """Parse JSON bytes strictly (no NaN or Infinity, no duplicate keys)."""
 
@@ -93,7 +107,7 @@ class CanonicalJson:
         if type(self.data) is not bytes:
             raise ValueError("CanonicalJson.data must be bytes; use CanonicalJson.from_value for values")
         value = decode_json(self.data)
-        if encode_canonical(value) != self.data:
+        if _encode_decoded(value) != self.data:
             raise ValueError(
                 "bytes are not canonical JSON (sorted keys, compact separators, UTF-8); "
                 "build it with CanonicalJson.from_value"
@@ -102,7 +116,10 @@ class CanonicalJson:
     @classmethod
     def from_value(cls, value: object) -> CanonicalJson:
         """Snapshot a JSON-native value; later changes to `value` do not affect the result."""
-        return cls(encode_canonical(value))
+        snapshot = object.__new__(cls)
+        # encode_canonical's output is canonical by construction: skip re-checking it.
+        object.__setattr__(snapshot, "data", encode_canonical(value))
+        return snapshot
 
     @classmethod
     def empty(cls) -> CanonicalJson:

@@ -7,7 +7,9 @@ READY.json knows which manifest bytes it must see.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import re
 from dataclasses import dataclass, field
 
 from ._strict import (
@@ -20,7 +22,7 @@ from ._strict import (
     require_json_field,
     require_object,
 )
-from .canonical_json import CanonicalJson, JsonValue, decode_json, encode_canonical
+from .canonical_json import CanonicalJson, JsonValue, decode_json, encode_canonical, is_canonical
 from .identity import WeightArtifactIdentity
 from .tensors import TensorKind, contiguous_strides, dtype_from_code, dtype_itemsize, numel_of
 
@@ -33,7 +35,19 @@ RESERVED_FILE_NAMES = frozenset({MANIFEST_FILE_NAME, READY_FILE_NAME})
 MAX_FILE_NAME_LENGTH = 200
 
 
+@functools.lru_cache(maxsize=4096)
+def _checked_file_name(name: str) -> str:
+    return _validate_file_name(name)
+
+
 def validate_file_name(name: str) -> str:
+    """Accept exactly one safe basename ending in .safetensors; raise ValueError otherwise."""
+    if type(name) is not str:
+        raise ValueError("a payload file name must be a non-empty string")
+    return _checked_file_name(name)
+
+
+def _validate_file_name(name: str) -> str:
     """Accept exactly one safe basename ending in .safetensors; raise ValueError otherwise."""
     if type(name) is not str or not name:
         raise ValueError("a payload file name must be a non-empty string")
@@ -52,8 +66,11 @@ def validate_file_name(name: str) -> str:
     return name
 
 
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
 def _hex_digest(value: str, where: str) -> str:
-    if type(value) is not str or len(value) != 64 or any(ch not in "0123456789abcdef" for ch in value):
+    if type(value) is not str or _HEX_DIGEST.fullmatch(value) is None:
         raise ValueError(f"{where} must be a 64-character lowercase hex digest")
     return value
 
@@ -219,8 +236,10 @@ class WeightManifest:
     content_digest: str
     format_metadata: CanonicalJson = field(default_factory=CanonicalJson.empty)
     schema_version: int = MANIFEST_SCHEMA_VERSION
+    _by_name: dict[str, TensorManifestEntry] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {entry.name: entry for entry in self.tensors})
         if type(self.schema_version) is not int or self.schema_version != MANIFEST_SCHEMA_VERSION:
             raise ValueError(f"manifest schema_version {self.schema_version!r} is not supported")
         if not isinstance(self.identity, WeightArtifactIdentity):
@@ -259,10 +278,7 @@ class WeightManifest:
         return sum(entry.size for entry in self.files)
 
     def tensor(self, name: str) -> TensorManifestEntry:
-        for entry in self.tensors:
-            if entry.name == name:
-                return entry
-        raise KeyError(name)
+        return self._by_name[name]
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
@@ -310,7 +326,10 @@ class WeightManifest:
     @classmethod
     def from_bytes(cls, data: bytes) -> WeightManifest:
         """Parse manifest bytes, which must be canonical JSON."""
-        return cls.from_dict(CanonicalJson(data).to_value())
+        value = decode_json(data)
+        if not is_canonical(data, value):
+            raise ValueError("manifest bytes are not canonical JSON")
+        return cls.from_dict(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,7 +74,7 @@ def dtype_from_code(code: str) -> torch.dtype:
 
 
 def dtype_itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return int(dtype.itemsize)
 
 
 def numel_of(shape: tuple[int, ...]) -> int:

@@ -223,10 +223,15 @@ def _parse_marker_and_manifest(
         raise _invalid(FailureCode.MANIFEST_INCOMPATIBLE, f"unknown digest algorithm {manifest.digest_algorithm!r}")
     if marker.content_digest != manifest.content_digest:
         raise _invalid(FailureCode.MANIFEST_INVALID, "READY.json and manifest.json disagree on the content digest")
+    return marker, manifest
+
+
+def _check_content_digest(manifest: WeightManifest) -> None:
+    """The content digest must follow from the tensor digests (a FULL_CHECKSUM check: the manifest's own
+    bytes are already pinned by READY.json, so this only catches a publisher that lied about them)."""
     recomputed = content_digest((t.name, t.dtype, t.shape, t.digest) for t in manifest.tensors)
     if recomputed != manifest.content_digest:
         raise _invalid(FailureCode.MANIFEST_INVALID, "the manifest's content digest does not match its tensors")
-    return marker, manifest
 
 
 def _check_header(fd: int, entry: FileManifestEntry, manifest: WeightManifest) -> None:
@@ -380,6 +385,7 @@ def open_artifact(
                 os.close(fd)
         mapped = tuple(payloads)
         if validation is ValidationLevel.FULL_CHECKSUM:
+            _check_content_digest(manifest)
             _verify_checksums(manifest, mapped, hash_threads=hash_threads, progress=progress)
         return ValidatedArtifact(manifest=manifest, marker=marker, payloads=mapped)
     finally:
