@@ -15,6 +15,7 @@ import shutil
 import stat
 from pathlib import Path
 
+from ..canonical_json import JsonValue
 from ..failures import FailureCode, HostWeightFailure, ResolutionStage, failure
 
 __all__ = [
@@ -161,7 +162,9 @@ def errno_name(number: int | None) -> str:
     return errno.errorcode.get(number, f"E{number}")
 
 
-def failure_from_os_error(exc: OSError, *, stage: ResolutionStage, what: str) -> HostWeightFailure:
+def failure_from_os_error(
+    exc: OSError, *, stage: ResolutionStage, what: str, **details: JsonValue
+) -> HostWeightFailure:
     """Type an OSError: out-of-space, quota and EIO are retryable; anything else is not.
 
     `what` names the operation as a gerund phrase ("writing the deny marker").
@@ -189,4 +192,5 @@ def failure_from_os_error(exc: OSError, *, stage: ResolutionStage, what: str) ->
         errno=name,
         what=what,
         path=filename,
+        **details,
     )

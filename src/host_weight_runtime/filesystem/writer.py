@@ -46,6 +46,7 @@ from ..failures import FailureCode, HostWeightError, HostWeightFailure, Resoluti
 from ..manifest import FileManifestEntry, TensorManifestEntry, validate_file_name
 from ..protocols import TensorWriteSpec
 from ..tensors import contiguous_strides, dtype_code, dtype_itemsize
+from ._fsutil import failure_from_os_error
 
 __all__ = [
     "HEADER_ALIGNMENT",
@@ -99,25 +100,7 @@ def _producer_failed(message: str, **details: JsonValue) -> HostWeightError:
 
 def _os_failed(exc: OSError, what: str, **details: JsonValue) -> HostWeightError:
     """Type an OSError: no space and quota are retryable capacity failures, EIO a retryable I/O error."""
-    number = exc.errno
-    name = errno.errorcode.get(number, f"E{number}") if number is not None else "UNKNOWN"
-    reason = exc.strerror or str(exc)
-    if number == errno.ENOSPC:
-        code, retryable = FailureCode.NO_SPACE, True
-        advice = "free space on the store's filesystem (or lower what other builds use) and retry"
-    elif number == errno.EDQUOT:
-        code, retryable = FailureCode.QUOTA_EXCEEDED, True
-        advice = "the disk quota is exhausted; free some of it or raise the quota, then retry"
-    elif number == errno.EIO:
-        code, retryable = FailureCode.IO_ERROR, True
-        advice = "the device reported an I/O error; retry, and check the disk if it persists"
-    else:
-        code, retryable = FailureCode.IO_ERROR, False
-        advice = "check the staging directory, its permissions and its filesystem"
-    message = f"could not {what}: {reason} [{name}]; {advice}"
-    return HostWeightError(
-        failure(ResolutionStage.PRODUCTION, code, message, retryable=retryable, errno=name, **details)
-    )
+    return HostWeightError(failure_from_os_error(exc, stage=ResolutionStage.PRODUCTION, what=what, **details))
 
 
 # --------------------------------------------------------------------------- layout
@@ -471,7 +454,7 @@ class StagingTensorFileWriter:
         except OSError as exc:
             raise _os_failed(
                 exc,
-                f"write tensor {name} rows {start}..{stop} of {self._name}",
+                f"writing tensor {name} rows {start}..{stop} of {self._name}",
                 file=self._name,
                 tensor=name,
             ) from exc
@@ -487,7 +470,7 @@ class StagingTensorFileWriter:
                     fault_point("writer.fsync")
                     os.fsync(self._fd)
                 except OSError as exc:
-                    raise _os_failed(exc, f"fsync {self._name}", file=self._name) from exc
+                    raise _os_failed(exc, f"fsyncing {self._name}", file=self._name) from exc
                 self._result = self._finish_digests()
             finally:
                 self._release_fd()
@@ -547,7 +530,7 @@ class StagingTensorFileWriter:
         try:
             mapping = mmap.mmap(self._fd, self._layout.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         except OSError as exc:
-            raise _os_failed(exc, f"map {self._name} to hash it", file=self._name) from exc
+            raise _os_failed(exc, f"mapping {self._name} to hash it", file=self._name) from exc
         try:
             whole = memoryview(mapping)
             views = [whole[header_size + p.begin : header_size + p.end] for p in self._layout.placements]
@@ -773,14 +756,14 @@ class StagingArtifactWriter:
         try:
             fd = os.open(path, _FILE_FLAGS, _FILE_MODE)
         except OSError as exc:
-            raise _os_failed(exc, f"create {name} in the staging directory", file=name) from exc
+            raise _os_failed(exc, f"creating {name} in the staging directory", file=name) from exc
         try:
             try:
                 fault_point("writer.preallocate")
                 os.posix_fallocate(fd, 0, layout.size)
             except OSError as exc:
                 raise _os_failed(
-                    exc, f"preallocate {layout.size} bytes for {name}", file=name, size=layout.size
+                    exc, f"preallocating {layout.size} bytes for {name}", file=name, size=layout.size
                 ) from exc
             done = 0
             try:
@@ -791,7 +774,7 @@ class StagingArtifactWriter:
                         raise OSError(errno.EIO, "pwrite wrote no bytes")
                     done += written
             except OSError as exc:
-                raise _os_failed(exc, f"write the safetensors header of {name}", file=name) from exc
+                raise _os_failed(exc, f"writing the safetensors header of {name}", file=name) from exc
             return StagingTensorFileWriter(self, name, fd, layout, ordered=ordered)
         except BaseException:
             os.close(fd)
@@ -833,7 +816,7 @@ class StagingArtifactWriter:
                 finally:
                     os.close(fd)
             except OSError as exc:
-                raise _os_failed(exc, "fsync the staging directory") from exc
+                raise _os_failed(exc, "fsyncing the staging directory") from exc
         except BaseException:
             self.abort()
             raise
