@@ -110,6 +110,14 @@ class FilesystemHostWeightStore:
     def layout(self) -> DomainLayout:
         return self._layout
 
+    def _artifact_lock(
+        self, key: str, *, exclusive: bool, deadline: float | None, stage: ResolutionStage, what: str
+    ) -> FileLock:
+        """Take `key`'s artifact lock: shared to read or lease, exclusive to publish or move it."""
+        return acquire_lock(
+            self._layout.artifact_lock(key), exclusive=exclusive, deadline=deadline, stage=stage, what=what
+        )
+
     # ------------------------------------------------------------------ lookup
 
     def lookup(
@@ -133,12 +141,8 @@ class FilesystemHostWeightStore:
         started = time.monotonic()
         key = identity.key
         try:
-            lock = acquire_lock(
-                self._layout.artifact_lock(key),
-                exclusive=False,
-                deadline=deadline,
-                stage=ResolutionStage.LOOKUP,
-                what="the artifact lock",
+            lock = self._artifact_lock(
+                key, exclusive=False, deadline=deadline, stage=ResolutionStage.LOOKUP, what="the artifact lock"
             )
         except HostWeightError as exc:
             return StoreResult(StoreStatus.FAILED, identity, failure=exc.failure, elapsed_s=time.monotonic() - started)
@@ -481,8 +485,8 @@ class FilesystemHostWeightStore:
         key = identity.key
         target = self._layout.artifact_dir(key)
         try:
-            lock = acquire_lock(
-                self._layout.artifact_lock(key),
+            lock = self._artifact_lock(
+                key,
                 exclusive=True,
                 deadline=deadline,
                 stage=ResolutionStage.PUBLICATION,
@@ -588,8 +592,8 @@ class FilesystemHostWeightStore:
     def _quarantine_published(self, key: str, *, deadline: float) -> HostWeightFailure | None:
         """Move a denied or invalid artifact to quarantine/ under the exclusive artifact lock."""
         try:
-            lock = acquire_lock(
-                self._layout.artifact_lock(key),
+            lock = self._artifact_lock(
+                key,
                 exclusive=True,
                 deadline=deadline,
                 stage=ResolutionStage.PUBLICATION,
@@ -726,12 +730,8 @@ class FilesystemHostWeightStore:
             return ArtifactInspection(key, ArtifactState.MISSING, str(artifact_dir), 0, activity)
         size = tree_bytes(artifact_dir)
         try:
-            lock = acquire_lock(
-                self._layout.artifact_lock(key),
-                exclusive=False,
-                deadline=deadline,
-                stage=ResolutionStage.LOOKUP,
-                what="the artifact lock",
+            lock = self._artifact_lock(
+                key, exclusive=False, deadline=deadline, stage=ResolutionStage.LOOKUP, what="the artifact lock"
             )
         except HostWeightError as exc:
             return ArtifactInspection(
