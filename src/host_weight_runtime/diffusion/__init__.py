@@ -1,0 +1,1 @@
+"""Typed diffusion adapters for runtime-ready final-layout artifacts."""
