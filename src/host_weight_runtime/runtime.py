@@ -180,6 +180,21 @@ class HostWeightRuntime:
         with self._observer_guard:
             self._observers.append(observer)
 
+    def ensure_store(self) -> HostWeightFailure | None:
+        """Open the store now instead of on first need; returns why it cannot be opened (None when it is open).
+
+        Adapters call this before placing their own node-shared files under the domain root,
+        so those are only created where the domain checks (locality, permissions) passed.
+        """
+        if self._config.mode is RuntimeMode.DISABLED:
+            return failure(
+                ResolutionStage.CONFIGURATION,
+                FailureCode.INVALID_CONFIGURATION,
+                "the runtime is DISABLED; it opens no store",
+            )
+        _store, init_failure = self._acquire_store()
+        return init_failure
+
     # ------------------------------------------------------------------ resolve
 
     def resolve(

@@ -1,1 +1,68 @@
-"""Typed diffusion adapters for runtime-ready final-layout artifacts."""
+"""Typed diffusion adapters for runtime-ready final-layout artifacts.
+
+Most users need one call, `load_component`; the rest is the adapter API that
+`load_component` is built from, for loaders that assemble pipelines themselves.
+"""
+
+from . import contracts, identity_adapter, producers, restorer, source_identity, tensor_layout
+from .contracts import (
+    FINAL_LAYOUT_BF16_POLICY,
+    FINAL_LAYOUT_BF16_SPEC,
+    FinalLayoutArtifactSpec,
+    FinalLayoutBF16Policy,
+    FinalLayoutLoaderIdentity,
+    FinalLayoutModelContract,
+    FinalLayoutParallelIdentity,
+    FinalLayoutRequest,
+    FinalLayoutTensorPolicy,
+    ImplementationIdentity,
+    implementation_abi_fingerprint,
+)
+from .identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity
+from .loader import ComponentLoadPath, LoadedComponent, PrewarmResult, load_component, prewarm_component
+from .models import FIRST_CLASS_CONTRACTS, ModelNotReadyError, contract_for_model
+from .producers import FinalLayoutBF16CheckpointProducer, FinalLayoutBF16Producer
+from .restorer import FinalLayoutTensorRestorePlan, FinalLayoutTensorRestorer
+from .source_identity import NodeSourceDigestCache, PreparedWeightSource, WeightSourceKind, prepare_weight_source
+from .tensor_layout import FinalLayoutTensor, TensorOwnership, discover_tensor_ownership
+
+__all__ = [
+    "FINAL_LAYOUT_BF16_POLICY",
+    "FINAL_LAYOUT_BF16_SPEC",
+    "FIRST_CLASS_CONTRACTS",
+    "ComponentLoadPath",
+    "FinalLayoutArtifactSpec",
+    "FinalLayoutBF16CheckpointProducer",
+    "FinalLayoutBF16Policy",
+    "FinalLayoutBF16Producer",
+    "FinalLayoutIdentityContext",
+    "FinalLayoutLoaderIdentity",
+    "FinalLayoutModelContract",
+    "FinalLayoutParallelIdentity",
+    "FinalLayoutRequest",
+    "FinalLayoutTensor",
+    "FinalLayoutTensorPolicy",
+    "FinalLayoutTensorRestorePlan",
+    "FinalLayoutTensorRestorer",
+    "ImplementationIdentity",
+    "LoadedComponent",
+    "ModelNotReadyError",
+    "NodeSourceDigestCache",
+    "PreparedWeightSource",
+    "PrewarmResult",
+    "TensorOwnership",
+    "WeightSourceKind",
+    "build_final_layout_identity",
+    "contract_for_model",
+    "contracts",
+    "discover_tensor_ownership",
+    "identity_adapter",
+    "implementation_abi_fingerprint",
+    "load_component",
+    "prepare_weight_source",
+    "prewarm_component",
+    "producers",
+    "restorer",
+    "source_identity",
+    "tensor_layout",
+]

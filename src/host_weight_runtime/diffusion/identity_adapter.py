@@ -1,0 +1,184 @@
+"""Exact pre-load identity assembly for policy-defined final-layout artifacts.
+
+The identity is computed on whatever module tree the caller has (a `meta` skeleton
+before loading, or a loaded CPU model) and depends only on what changes the bytes:
+source content, loader and transform, parallel layout, tensor contract, model contracts
+and the artifact spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..canonical_json import CanonicalJson, JsonValue
+from ..identity import (
+    IDENTITY_SCHEMA_VERSION,
+    ComponentIdentity,
+    RuntimeWeightLayout,
+    WeightArtifactIdentity,
+    WeightRepresentation,
+    WeightSourceIdentity,
+)
+from .contracts import (
+    FinalLayoutArtifactSpec,
+    FinalLayoutModelContract,
+    FinalLayoutRequest,
+    FinalLayoutTensorPolicy,
+)
+from .models import contract_for_model
+from .source_identity import (
+    FinalLayoutSourceContext,
+    NodeSourceDigestCache,
+    PreparedWeightSource,
+    bind_tensors_to_sources,
+    resolved_revision,
+    snapshot_sources,
+)
+from .tensor_layout import FinalLayoutTensor, TensorOwnership, discover_tensor_ownership
+
+__all__ = ["FinalLayoutIdentityContext", "build_final_layout_identity", "discover_final_layout"]
+
+
+@dataclass(frozen=True, slots=True)
+class FinalLayoutIdentityContext:
+    """Exact semantic identity plus process-local transaction guards."""
+
+    identity: WeightArtifactIdentity
+    request: FinalLayoutRequest
+    policy: FinalLayoutTensorPolicy
+    spec: FinalLayoutArtifactSpec
+    source: FinalLayoutSourceContext
+    pipeline_type: type[torch.nn.Module]
+    dit_names: tuple[str, ...]
+    dit_types: tuple[type[torch.nn.Module], ...]
+    model_contracts: tuple[FinalLayoutModelContract, ...]
+    tensor_names: frozenset[str]
+    tensors: tuple[FinalLayoutTensor, ...]
+    tensor_sources: Mapping[str, tuple[int, str]]
+
+    def ensure_sources_unchanged(self) -> None:
+        """Raise CANONICAL_SOURCE_FAILED when a source file changed since the identity was built."""
+        self.source.ensure_unchanged()
+
+    def sources_unchanged(self) -> bool:
+        return self.source.unchanged()
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(tensor.nbytes for tensor in self.tensors)
+
+
+def discover_final_layout(
+    dit_modules: Sequence[tuple[str, torch.nn.Module]],
+    policy: FinalLayoutTensorPolicy,
+) -> tuple[TensorOwnership, tuple[FinalLayoutModelContract, ...]]:
+    """Ownership with policy dtypes, and each DiT's contract; a model without a contract is refused (D08)."""
+    contracts = tuple(contract_for_model(module) for _name, module in dit_modules)
+    keep_by_dit = {name: contract.keep_in_fp32_modules for (name, _module), contract in zip(dit_modules, contracts, strict=True)}
+
+    def final_dtype(dit_name: str, local_name: str, dtype: torch.dtype) -> torch.dtype:
+        return policy.final_dtype(local_name, dtype, keep_by_dit[dit_name])
+
+    return discover_tensor_ownership(dit_modules, final_dtype), contracts
+
+
+def _qualified(klass: type[object]) -> str:
+    return f"{klass.__module__}.{klass.__qualname__}"
+
+
+def build_final_layout_identity(
+    pipeline: torch.nn.Module,
+    *,
+    dit_modules: Sequence[tuple[str, torch.nn.Module]],
+    prepared_sources: Sequence[PreparedWeightSource],
+    request: FinalLayoutRequest,
+    policy: FinalLayoutTensorPolicy,
+    source_digest_cache: NodeSourceDigestCache | None = None,
+) -> FinalLayoutIdentityContext:
+    """Build exact source, representation, layout, and implementation identity."""
+    if not isinstance(pipeline, torch.nn.Module):
+        raise ValueError(f"pipeline must be a torch.nn.Module, got {type(pipeline).__name__}")
+    if not isinstance(request, FinalLayoutRequest):
+        raise ValueError("request must be a FinalLayoutRequest")
+    policy.check_request(request)
+    spec = policy.spec
+    ownership, contracts = discover_final_layout(dit_modules, policy)
+    bindings = bind_tensors_to_sources(ownership.names, prepared_sources)
+    source = snapshot_sources(prepared_sources, cache=source_digest_cache)
+
+    revisions = sorted({rev for rev in (resolved_revision(item) for item in prepared_sources) if rev is not None})
+    source_identity = WeightSourceIdentity(
+        model_id=request.model_id,
+        revision=",".join(revisions) if revisions else None,
+        fingerprint=source.fingerprint,
+        metadata=CanonicalJson.from_value(source.to_metadata()),
+    )
+    dits: list[JsonValue] = [
+        {"name": name, "contract": contract.to_dict()}
+        for (name, _module), contract in zip(dit_modules, contracts, strict=True)
+    ]
+    component = ComponentIdentity(
+        name=spec.component_name,
+        ownership=spec.component_ownership,
+        metadata=CanonicalJson.from_value(
+            {
+                "dits": dits,
+                "loader": _json(request.loader.to_dict()),
+                "load_format": request.load_format,
+                "model_contract_schema": spec.model_contract_schema,
+                "tensor_contract": ownership.contract_digest,
+                "tensor_count": len(ownership.tensors),
+            }
+        ),
+    )
+    representation = WeightRepresentation(
+        name=spec.representation.name,
+        dtype=spec.representation.dtype,
+        metadata=CanonicalJson.from_value({**_mapping(spec.representation.metadata), "policy": policy.to_dict()}),
+    )
+    parallel = request.parallel
+    layout = RuntimeWeightLayout(
+        name=spec.layout_name,
+        tensor_parallel_size=parallel.tensor_parallel_size,
+        tensor_parallel_rank=parallel.tensor_parallel_rank,
+        sequence_parallel_size=parallel.sequence_parallel_size,
+        sequence_parallel_backend=parallel.sequence_parallel_backend,
+        metadata=CanonicalJson.from_value(parallel.layout_metadata()),
+    )
+    identity = WeightArtifactIdentity(
+        schema_version=IDENTITY_SCHEMA_VERSION,
+        source=source_identity,
+        component=component,
+        representation=representation,
+        layout=layout,
+        adaptation=request.adaptation,
+        producer=spec.producer,
+    )
+    return FinalLayoutIdentityContext(
+        identity=identity,
+        request=request,
+        policy=policy,
+        spec=spec,
+        source=source,
+        pipeline_type=type(pipeline),
+        dit_names=tuple(name for name, _module in dit_modules),
+        dit_types=tuple(type(module) for _name, module in dit_modules),
+        model_contracts=contracts,
+        tensor_names=ownership.names,
+        tensors=ownership.tensors,
+        tensor_sources=bindings,
+    )
+
+
+def _json(value: Mapping[str, object]) -> JsonValue:
+    return CanonicalJson.from_value(dict(value)).to_value()
+
+
+def _mapping(metadata: CanonicalJson) -> dict[str, JsonValue]:
+    value = metadata.to_value()
+    if not isinstance(value, dict):
+        raise ValueError("representation metadata must be a JSON object")
+    return value

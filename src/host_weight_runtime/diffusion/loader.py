@@ -1,0 +1,491 @@
+"""`load_component`: the one call a diffusers user needs.
+
+Resolve the checkpoint files, build the identity on a `meta` skeleton, ask the runtime,
+restore from the lease on a hit, and otherwise load canonically with diffusers and
+publish the result for the next worker. Every step is reported on the returned value.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..canonical_json import encode_canonical
+from ..config import RuntimeMode
+from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
+from ..lease import HostWeightLease
+from ..outcomes import PostLoadPublicationReport, ResolutionOutcome, ResolutionReport
+from ..runtime import HostWeightRuntime
+from .contracts import (
+    FINAL_LAYOUT_BF16_POLICY,
+    FinalLayoutLoaderIdentity,
+    FinalLayoutParallelIdentity,
+    FinalLayoutRequest,
+    ImplementationIdentity,
+)
+from .identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity
+from .models import contract_for_model, is_diffusers_model
+from .producers._shards import ProgressCallback
+from .producers.checkpoint_stream import FinalLayoutBF16CheckpointProducer
+from .producers.finalized import FinalLayoutBF16Producer
+from .restorer import FinalLayoutTensorRestorer
+from .source_identity import NodeSourceDigestCache, PreparedWeightSource, prepare_weight_source
+
+__all__ = ["ComponentLoadPath", "LoadedComponent", "PrewarmResult", "load_component", "prewarm_component"]
+
+_LOG = logging.getLogger(__name__)
+_LOADER_ID = "host_weight_runtime.diffusion.load_component"
+_LOADER_VERSION = "1"
+_DEFAULT_COMPONENT = "transformer"
+_default_dtype_guard = threading.Lock()
+_announced_roots: set[str] = set()
+
+
+class ComponentLoadPath(str, enum.Enum):
+    """Where the returned model's weights came from."""
+
+    ARTIFACT = "artifact"
+    CANONICAL = "canonical"
+
+
+class LoadedComponent:
+    """A loaded diffusers model with the reports that explain how it was loaded.
+
+    On the ARTIFACT path the model's tensors are views of a lease; the model keeps that
+    lease alive, and `close()` releases it once the model is no longer served.
+    """
+
+    __slots__ = (
+        "_lease",
+        "elapsed_s",
+        "identity_failure",
+        "identity_key",
+        "load_path",
+        "model",
+        "publication",
+        "resolution",
+        "restore_failure",
+    )
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        load_path: ComponentLoadPath,
+        *,
+        elapsed_s: float,
+        identity_key: str | None = None,
+        resolution: ResolutionReport | None = None,
+        publication: PostLoadPublicationReport | None = None,
+        identity_failure: HostWeightFailure | None = None,
+        restore_failure: HostWeightFailure | None = None,
+        lease: HostWeightLease | None = None,
+    ) -> None:
+        self.model = model
+        self.load_path = load_path
+        self.elapsed_s = elapsed_s
+        self.identity_key = identity_key
+        self.resolution = resolution
+        self.publication = publication
+        self.identity_failure = identity_failure
+        self.restore_failure = restore_failure
+        self._lease = lease
+
+    @property
+    def outcome(self) -> ResolutionOutcome | None:
+        return None if self.resolution is None else self.resolution.outcome
+
+    @property
+    def lease(self) -> HostWeightLease | None:
+        return self._lease
+
+    def close(self) -> None:
+        """Release the lease (idempotent); the model must not be used for inference afterwards."""
+        if self._lease is not None:
+            self._lease.close()
+
+    def __enter__(self) -> LoadedComponent:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def summary(self) -> dict[str, object]:
+        """A JSON-friendly account of the load, for logs and `--json` output."""
+        return {
+            "load_path": self.load_path.value,
+            "outcome": None if self.outcome is None else self.outcome.value,
+            "identity_key": self.identity_key,
+            "elapsed_s": self.elapsed_s,
+            "publication": None if self.publication is None else self.publication.status.value,
+            "identity_failure": None if self.identity_failure is None else self.identity_failure.to_dict(),
+            "restore_failure": None if self.restore_failure is None else self.restore_failure.to_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PrewarmResult:
+    """What `prewarm_component` built (or found) for a model."""
+
+    identity_key: str
+    resolution: ResolutionReport
+    total_bytes: int
+    tensor_count: int
+
+
+class _ComponentPipeline(torch.nn.Module):
+    """A one-component container, so a lone model has the `<dit>.<name>` tensor names of a pipeline."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    source: PreparedWeightSource
+    model_class: type[Any]
+    component_name: str
+    skeleton: torch.nn.Module
+    holder: torch.nn.Module
+    context: FinalLayoutIdentityContext
+
+
+def _component_name(subfolder: str | None) -> str:
+    if subfolder:
+        last = Path(subfolder).name
+        if last.isidentifier():
+            return last
+    return _DEFAULT_COMPONENT
+
+
+def _model_class(resolved_root: Path) -> type[Any]:
+    """The diffusers class named by the folder's config.json `_class_name`, as diffusers resolves it."""
+    config_path = resolved_root / "config.json"
+    try:
+        class_name = json.loads(config_path.read_text(encoding="utf-8")).get("_class_name")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read {config_path}: {exc}; point load_component at a diffusers model folder") from exc
+    if not isinstance(class_name, str) or not class_name:
+        raise ValueError(f"{config_path} has no _class_name; it is not a diffusers model config")
+    import diffusers
+
+    model_class = getattr(diffusers, class_name, None)
+    if not isinstance(model_class, type) or not is_diffusers_model(model_class):
+        raise ValueError(f"{config_path} names {class_name!r}, which is not a diffusers model class")
+    return model_class
+
+
+def _json_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The config facts that shape the model: public keys plus the class name, as plain JSON."""
+    public = {key: value for key, value in config.items() if not key.startswith("_") or key == "_class_name"}
+    loaded: dict[str, Any] = json.loads(json.dumps(public, sort_keys=True, default=str))
+    return loaded
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(encode_canonical(value)).hexdigest()
+
+
+def _loader_identity(
+    model_class: type[Any], config: dict[str, Any], keep_fp32: tuple[str, ...], safetensors: bool
+) -> FinalLayoutLoaderIdentity:
+    import diffusers
+
+    versions = {"diffusers": str(diffusers.__version__), "torch": str(torch.__version__)}
+    implementation = ImplementationIdentity(
+        implementation_id=_LOADER_ID,
+        version=_LOADER_VERSION,
+        fingerprint=_digest({"loader": _LOADER_ID, "version": _LOADER_VERSION, **versions}),
+    )
+    return FinalLayoutLoaderIdentity(
+        implementation=implementation,
+        model_config_fingerprint=_digest(
+            {"class": f"{model_class.__module__}.{model_class.__qualname__}", "config": _json_config(config)}
+        ),
+        weight_transform_fingerprint=_digest(
+            {
+                "torch_dtype": str(torch.bfloat16),
+                "keep_in_fp32_modules": list(keep_fp32),
+                "key_mapping": "identity",
+                "checkpoint_format": "safetensors" if safetensors else "pickle",
+            }
+        ),
+    )
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """diffusers constructs models under `torch_dtype` as the default dtype; so must the skeleton."""
+    with _default_dtype_guard:
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(previous)
+
+
+def build_skeleton(model_class: type[Any], resolved_root: Path, name_or_path: str) -> torch.nn.Module:
+    """The model built the way diffusers' from_pretrained builds it, with parameters left on `meta`.
+
+    Non-persistent buffers are computed for real (they are not in the artifact), under the
+    same default dtype as a canonical load, so a restored model equals a canonical one.
+    """
+    import accelerate
+    from diffusers.models.modeling_utils import no_init_weights
+
+    config = model_class.load_config(str(resolved_root))
+    with _default_dtype(torch.bfloat16), no_init_weights(), accelerate.init_empty_weights():
+        model = model_class.from_config(config)
+    model.eval()
+    model.register_to_config(_name_or_path=name_or_path)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{model_class.__name__}.from_config returned {type(model).__name__}")
+    return model
+
+
+def _announce(runtime: HostWeightRuntime) -> None:
+    root = str(runtime.config.resolved_root)
+    if root not in _announced_roots:
+        _announced_roots.add(root)
+        _LOG.info("host-weight-runtime: mode %s, domain root %s", runtime.config.mode.value, root)
+
+
+def _digest_cache(runtime: HostWeightRuntime) -> NodeSourceDigestCache | None:
+    """The node's source-digest cache under the domain root, only once the domain itself checked out."""
+    init_failure = runtime.ensure_store()
+    if init_failure is not None:
+        _LOG.info("no node source-digest cache (%s); checkpoint files are hashed directly", init_failure.message)
+        return None
+    return NodeSourceDigestCache(runtime.config.resolved_root, timeout_seconds=runtime.config.lock_timeout_s)
+
+
+def _prepare(
+    model_or_path: str | os.PathLike[str],
+    *,
+    subfolder: str | None,
+    revision: str | None,
+    runtime: HostWeightRuntime,
+    parallel: FinalLayoutParallelIdentity,
+    cache_dir: Path | None,
+) -> _Prepared:
+    component_name = _component_name(subfolder)
+    source = prepare_weight_source(
+        model_or_path, subfolder=subfolder, revision=revision, prefix=f"{component_name}.", cache_dir=cache_dir
+    )
+    model_class = _model_class(source.resolved_root)
+    skeleton = build_skeleton(model_class, source.resolved_root, str(model_or_path))
+    holder = _ComponentPipeline()
+    holder.add_module(component_name, skeleton)
+    contract = contract_for_model(skeleton)
+    config = dict(model_class.load_config(str(source.resolved_root)))
+    request = FinalLayoutRequest(
+        model_id=str(model_or_path),
+        loader=_loader_identity(model_class, config, contract.keep_in_fp32_modules, source.use_safetensors),
+        parallel=parallel,
+    )
+    context = build_final_layout_identity(
+        holder,
+        dit_modules=[(component_name, skeleton)],
+        prepared_sources=[source],
+        request=request,
+        policy=FINAL_LAYOUT_BF16_POLICY,
+        source_digest_cache=_digest_cache(runtime),
+    )
+    return _Prepared(source, model_class, component_name, skeleton, holder, context)
+
+
+def _check_arguments(torch_dtype: torch.dtype, parallel: FinalLayoutParallelIdentity | None) -> None:
+    if torch_dtype != torch.bfloat16:
+        raise ValueError(
+            f"load_component serves the BF16 final-layout representation only; torch_dtype={torch_dtype} is not "
+            "supported: pass torch.bfloat16, or load with diffusers directly"
+        )
+    if parallel is not None and not isinstance(parallel, FinalLayoutParallelIdentity):
+        raise ValueError("parallel must be a FinalLayoutParallelIdentity")
+    if parallel is not None and parallel.tensor_parallel_size > 1:
+        raise ValueError(
+            "load_component does not shard models; tensor_parallel_size > 1 needs a tensor-parallel loader"
+        )
+
+
+def _canonical(model_class: type[Any], source: PreparedWeightSource, name_or_path: str) -> torch.nn.Module:
+    """Exactly what a diffusers user gets: from_pretrained(torch_dtype=torch.bfloat16), from local files only."""
+    model = model_class.from_pretrained(
+        str(source.resolved_root), torch_dtype=torch.bfloat16, use_safetensors=source.use_safetensors
+    )
+    model.register_to_config(_name_or_path=name_or_path)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{model_class.__name__}.from_pretrained returned {type(model).__name__}")
+    return model
+
+
+def load_component(
+    model_or_path: str | os.PathLike[str],
+    *,
+    subfolder: str | None = None,
+    revision: str | None = None,
+    torch_dtype: torch.dtype = torch.bfloat16,
+    runtime: HostWeightRuntime | None = None,
+    parallel: FinalLayoutParallelIdentity | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    stream_on_miss: bool | None = None,
+) -> LoadedComponent:
+    """Load a diffusers model component through the node's host weight artifact.
+
+    `model_or_path` is a model folder, a pipeline folder with `subfolder`, or a repo id in
+    the local Hugging Face cache (never the network). `runtime=None` reads `HWR_*` from the
+    environment. On a miss the checkpoint is streamed into a new artifact when
+    `stream_on_miss` (default: only in REQUIRED mode); otherwise the model is loaded
+    canonically and published after load. In PREFERRED mode any failure falls back to the
+    canonical load; in REQUIRED mode it raises `HostWeightError`.
+    """
+    started = time.monotonic()
+    _check_arguments(torch_dtype, parallel)
+    runtime = runtime if runtime is not None else HostWeightRuntime.from_env()
+    _announce(runtime)
+    mode = runtime.config.mode
+    parallel = parallel if parallel is not None else FinalLayoutParallelIdentity()
+    cache_path = Path(cache_dir) if cache_dir is not None else None
+    name_or_path = str(model_or_path)
+
+    def canonical_result(
+        source: PreparedWeightSource, model_class: type[Any], **reports: Any
+    ) -> LoadedComponent:
+        model = _canonical(model_class, source, name_or_path)
+        return LoadedComponent(model, ComponentLoadPath.CANONICAL, elapsed_s=time.monotonic() - started, **reports)
+
+    if mode is RuntimeMode.DISABLED:
+        component = _component_name(subfolder)
+        source = prepare_weight_source(
+            model_or_path, subfolder=subfolder, revision=revision, prefix=f"{component}.", cache_dir=cache_path
+        )
+        return canonical_result(source, _model_class(source.resolved_root))
+
+    try:
+        prepared = _prepare(
+            model_or_path,
+            subfolder=subfolder,
+            revision=revision,
+            runtime=runtime,
+            parallel=parallel,
+            cache_dir=cache_path,
+        )
+    except HostWeightError as exc:
+        if mode is RuntimeMode.REQUIRED or exc.failure.code is FailureCode.NOT_FOUND:
+            raise
+        _LOG.warning("no final-layout identity for %s (%s); loading canonically", name_or_path, exc.failure.message)
+        component = _component_name(subfolder)
+        source = prepare_weight_source(
+            model_or_path, subfolder=subfolder, revision=revision, prefix=f"{component}.", cache_dir=cache_path
+        )
+        return canonical_result(source, _model_class(source.resolved_root), identity_failure=exc.failure)
+
+    context = prepared.context
+    key = context.identity.key
+    stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
+    producer = (
+        FinalLayoutBF16CheckpointProducer(context) if stream and prepared.source.use_safetensors else None
+    )
+    resolution = runtime.resolve(context.identity, producer)
+    report = resolution.report
+    restore_failure: HostWeightFailure | None = None
+    if resolution.lease is not None:
+        lease = resolution.lease
+        try:
+            FinalLayoutTensorRestorer(context).plan_restore(prepared.holder, lease).commit()
+        except HostWeightError as exc:
+            lease.close()
+            if mode is RuntimeMode.REQUIRED:
+                raise
+            restore_failure = exc.failure
+            _LOG.warning("restoring %s from artifact %s failed (%s); loading canonically", name_or_path, key,
+                         exc.failure.message)
+        else:
+            model = prepared.skeleton
+            setattr(model, "_host_weight_lease", lease)  # the model keeps its lease (and shared lock) alive
+            return LoadedComponent(
+                model,
+                ComponentLoadPath.ARTIFACT,
+                elapsed_s=time.monotonic() - started,
+                identity_key=key,
+                resolution=report,
+                lease=lease,
+            )
+    elif resolution.outcome is ResolutionOutcome.FAILED:
+        assert report.failure is not None
+        raise HostWeightError(report.failure)
+
+    model = _canonical(prepared.model_class, prepared.source, name_or_path)
+    publication: PostLoadPublicationReport | None = None
+    if restore_failure is None and resolution.outcome is ResolutionOutcome.CANONICAL_FALLBACK:
+        producer_after = FinalLayoutBF16Producer(context, [(prepared.component_name, model)])
+        publication = runtime.publish_after_load(context.identity, producer_after)
+    return LoadedComponent(
+        model,
+        ComponentLoadPath.CANONICAL,
+        elapsed_s=time.monotonic() - started,
+        identity_key=key,
+        resolution=report,
+        publication=publication,
+        restore_failure=restore_failure,
+    )
+
+
+def prewarm_component(
+    model_or_path: str | os.PathLike[str],
+    *,
+    subfolder: str | None = None,
+    revision: str | None = None,
+    runtime: HostWeightRuntime | None = None,
+    parallel: FinalLayoutParallelIdentity | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: ProgressCallback | None = None,
+) -> PrewarmResult:
+    """Build (or find) the artifact straight from the checkpoint, without loading the model.
+
+    Runs in REQUIRED mode with local builds allowed whatever the environment says, so a
+    failure raises `HostWeightError` instead of being hidden by a fallback.
+    """
+    _check_arguments(torch.bfloat16, parallel)
+    base = runtime if runtime is not None else HostWeightRuntime.from_env()
+    config = replace(base.config, mode=RuntimeMode.REQUIRED, allow_local_build=True)
+    required = base if base.config == config else HostWeightRuntime(config)
+    _announce(required)
+    prepared = _prepare(
+        model_or_path,
+        subfolder=subfolder,
+        revision=revision,
+        runtime=required,
+        parallel=parallel if parallel is not None else FinalLayoutParallelIdentity(),
+        cache_dir=Path(cache_dir) if cache_dir is not None else None,
+    )
+    if not prepared.source.use_safetensors:
+        raise HostWeightError(
+            failure(
+                ResolutionStage.PRODUCTION,
+                FailureCode.PRODUCER_UNSUPPORTED,
+                f"{model_or_path} has no safetensors weights; prewarm streams safetensors only. Load it once with "
+                "load_component instead: that publishes after a canonical load",
+            )
+        )
+    producer = FinalLayoutBF16CheckpointProducer(prepared.context, progress=progress)
+    resolution = required.resolve(prepared.context.identity, producer)
+    if resolution.lease is None:
+        assert resolution.report.failure is not None
+        raise HostWeightError(resolution.report.failure)
+    resolution.lease.close()
+    return PrewarmResult(
+        identity_key=prepared.context.identity.key,
+        resolution=resolution.report,
+        total_bytes=prepared.context.total_bytes,
+        tensor_count=len(prepared.context.tensors),
+    )

@@ -1,0 +1,168 @@
+"""Model contracts for diffusers transformer classes.
+
+A contract names the implementation whose tensors an artifact holds, the modules it
+keeps in FP32, and a validator that refuses a restored model that is not ready to serve.
+Classes are recognised by name and MRO, so this module never imports diffusers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+
+import torch
+
+from ..canonical_json import CanonicalJson, encode_canonical
+from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage
+from .contracts import FinalLayoutModelContract, ImplementationIdentity, keeps_fp32
+
+__all__ = [
+    "FIRST_CLASS_CONTRACTS",
+    "ModelNotReadyError",
+    "contract_for_model",
+    "is_diffusers_model",
+]
+
+_CONTRACT_VERSION = "1"
+
+
+class ModelNotReadyError(ValueError):
+    """A restored model failed its contract's validator."""
+
+
+def is_diffusers_model(model_type: type[object]) -> bool:
+    """True for subclasses of diffusers' `ModelMixin`, without importing diffusers."""
+    return any(
+        klass.__name__ == "ModelMixin" and klass.__module__.startswith("diffusers.") for klass in model_type.__mro__
+    )
+
+
+def _require_ready(model: torch.nn.Module, keep_in_fp32_modules: tuple[str, ...]) -> None:
+    """Every tensor is materialized on the host; floating parameters follow the BF16 policy; eval mode."""
+    if model.training:
+        raise ModelNotReadyError(f"{type(model).__name__} is in training mode; a restored model serves in eval mode")
+    for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        if tensor.is_meta:
+            raise ModelNotReadyError(f"{name} is still on the meta device; the model was not fully restored")
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if not parameter.dtype.is_floating_point:
+            continue
+        expected = torch.float32 if keeps_fp32(name, keep_in_fp32_modules) else torch.bfloat16
+        if parameter.dtype != expected:
+            raise ModelNotReadyError(f"{name} is {parameter.dtype}; the BF16 policy requires {expected}")
+        if parameter.requires_grad:
+            raise ModelNotReadyError(f"{name} requires grad; restored final-layout weights are inference-only")
+
+
+def _require_modules(*names: str) -> Callable[[torch.nn.Module], None]:
+    def check(model: torch.nn.Module) -> None:
+        missing = [name for name in names if not hasattr(model, name)]
+        if missing:
+            raise ModelNotReadyError(f"{type(model).__name__} lacks the modules {missing} its contract requires")
+
+    return check
+
+
+def _contract(
+    class_name: str,
+    keep_in_fp32_modules: tuple[str, ...],
+    required_modules: tuple[str, ...],
+    *,
+    first_class: bool = True,
+) -> FinalLayoutModelContract:
+    structure = _require_modules(*required_modules)
+
+    def validate(model: torch.nn.Module) -> None:
+        structure(model)
+        _require_ready(model, keep_in_fp32_modules)
+
+    document = {
+        "class": class_name,
+        "version": _CONTRACT_VERSION,
+        "keep_in_fp32_modules": list(keep_in_fp32_modules),
+        "required_modules": list(required_modules),
+        "validator": "host tensors, BF16 policy dtypes, no grad, eval mode",
+    }
+    return FinalLayoutModelContract(
+        implementation=ImplementationIdentity(
+            implementation_id=f"diffusers.{class_name}",
+            version=_CONTRACT_VERSION,
+            fingerprint=hashlib.sha256(encode_canonical(document)).hexdigest(),
+        ),
+        model_class_name=class_name,
+        keep_in_fp32_modules=keep_in_fp32_modules,
+        validator=validate,
+        first_class=first_class,
+    )
+
+
+FIRST_CLASS_CONTRACTS: Mapping[str, FinalLayoutModelContract] = {
+    contract.model_class_name: contract
+    for contract in (
+        _contract(
+            "FluxTransformer2DModel",
+            (),
+            ("x_embedder", "context_embedder", "transformer_blocks", "single_transformer_blocks", "proj_out"),
+        ),
+        _contract(
+            "Flux2Transformer2DModel",
+            (),
+            ("x_embedder", "context_embedder", "transformer_blocks", "single_transformer_blocks", "proj_out"),
+        ),
+        _contract(
+            "MiniMaxH3Transformer3DModel",
+            ("proj_in", "audio_proj_in", "time_embedder", "proj_out", "audio_proj_out", "rope"),
+            ("proj_in", "proj_out", "rope"),
+        ),
+        _contract(
+            "SD3Transformer2DModel",
+            (),
+            ("pos_embed", "context_embedder", "transformer_blocks", "proj_out"),
+        ),
+        _contract(
+            "WanTransformer3DModel",
+            ("rope", "time_embedder", "scale_shift_table", "norm1", "norm2", "norm3"),
+            ("patch_embedding", "condition_embedder", "blocks", "proj_out", "rope"),
+        ),
+    )
+}
+
+
+def _declared_fp32_modules(model_type: type[object]) -> tuple[str, ...]:
+    declared = getattr(model_type, "_keep_in_fp32_modules", None)
+    if declared is None:
+        return ()
+    if isinstance(declared, str):
+        return (declared,)
+    return tuple(str(name) for name in declared)
+
+
+def _unsupported(message: str, **details: str) -> HostWeightError:
+    return HostWeightError(
+        HostWeightFailure(
+            ResolutionStage.CONFIGURATION, FailureCode.UNSUPPORTED, False, message, CanonicalJson.from_value(details)
+        )
+    )
+
+
+def contract_for_model(model: torch.nn.Module) -> FinalLayoutModelContract:
+    """The first-class contract for the model's class, a generic one for other diffusers models, else an error (D08)."""
+    model_type = type(model)
+    if not is_diffusers_model(model_type):
+        raise _unsupported(
+            f"{model_type.__module__}.{model_type.__qualname__} has no final-layout restore contract; only diffusers "
+            "ModelMixin subclasses can build a final-layout identity",
+            model_class=model_type.__qualname__,
+        )
+    declared = _declared_fp32_modules(model_type)
+    contract = FIRST_CLASS_CONTRACTS.get(model_type.__name__)
+    if contract is not None:
+        if declared != contract.keep_in_fp32_modules:
+            raise _unsupported(
+                f"{model_type.__name__} keeps {list(declared)} in FP32 but its contract expects "
+                f"{list(contract.keep_in_fp32_modules)}; this diffusers version changed the class, so the contract "
+                "must be reviewed before its artifacts can be trusted",
+                model_class=model_type.__name__,
+            )
+        return contract
+    return _contract(model_type.__name__, declared, (), first_class=False)

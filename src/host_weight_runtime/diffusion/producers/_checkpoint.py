@@ -1,0 +1,114 @@
+"""A bounded-memory reader for safetensors checkpoints: header parsing and row-range preads.
+
+The streaming producer reads rows with `os.pread` instead of mapping the checkpoint, so
+its resident memory stays at one chunk no matter how large the shards are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ...tensors import dtype_from_code
+
+__all__ = ["CheckpointTensor", "read_rows", "read_safetensors_header"]
+
+_MAX_HEADER_BYTES = 100 * 2**20
+
+
+class CheckpointFormatError(ValueError):
+    """A checkpoint file is not a well-formed safetensors file."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointTensor:
+    """Where one tensor's bytes are in a safetensors file."""
+
+    path: Path
+    key: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def row_bytes(self) -> int:
+        if not self.shape:
+            return self.end - self.begin
+        rows = self.shape[0]
+        return 0 if rows == 0 else (self.end - self.begin) // rows
+
+
+def read_safetensors_header(path: Path) -> dict[str, CheckpointTensor]:
+    """Parse and check a safetensors header: known dtypes, sizes that match shapes, offsets inside the file."""
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        prefix = handle.read(8)
+        if len(prefix) != 8:
+            raise CheckpointFormatError(f"{path} is too short to be a safetensors file")
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len > _MAX_HEADER_BYTES or 8 + header_len > size:
+            raise CheckpointFormatError(f"{path} declares a {header_len}-byte header; the file is {size} bytes")
+        raw = handle.read(header_len)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointFormatError(f"{path} has an unreadable safetensors header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise CheckpointFormatError(f"{path}: the safetensors header is not a JSON object")
+    data_start = 8 + header_len
+    found: dict[str, CheckpointTensor] = {}
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            dtype = dtype_from_code(entry["dtype"])
+            shape = tuple(int(dim) for dim in entry["shape"])
+            begin, end = (int(offset) for offset in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointFormatError(f"{path}: tensor {key!r} has a malformed header entry: {exc}") from exc
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        if begin < 0 or end - begin != numel * dtype.itemsize or data_start + end > size:
+            raise CheckpointFormatError(f"{path}: tensor {key!r} has data_offsets that do not fit its shape or file")
+        found[key] = CheckpointTensor(path, key, dtype, shape, data_start + begin, data_start + end)
+    return found
+
+
+def read_rows(fd: int, tensor: CheckpointTensor, start_row: int, stop_row: int) -> torch.Tensor:
+    """Rows [start_row, stop_row) of a tensor, read with pread into a fresh buffer."""
+    if not tensor.shape:
+        offset, length, shape = tensor.begin, tensor.end - tensor.begin, tensor.shape
+    else:
+        offset = tensor.begin + start_row * tensor.row_bytes
+        length = (stop_row - start_row) * tensor.row_bytes
+        shape = (stop_row - start_row, *tensor.shape[1:])
+    buffer = bytearray(length)
+    view = memoryview(buffer)
+    done = 0
+    while done < length:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            raise CheckpointFormatError(f"{tensor.path} ended while reading tensor {tensor.key!r}")
+        done += got
+    if length == 0:
+        return torch.empty(shape, dtype=tensor.dtype)
+    return torch.frombuffer(buffer, dtype=tensor.dtype).reshape(shape)
+
+
+def row_chunks(tensor: CheckpointTensor, chunk_bytes: int) -> Iterator[tuple[int, int]]:
+    """Row ranges whose bytes stay within `chunk_bytes` (at least one row each)."""
+    if not tensor.shape:
+        yield 0, 0
+        return
+    rows = tensor.shape[0]
+    per_chunk = max(1, chunk_bytes // max(tensor.row_bytes, 1))
+    for start in range(0, rows, per_chunk):
+        yield start, min(rows, start + per_chunk)

@@ -1,0 +1,138 @@
+"""Pre-load production: the same final-layout bytes, streamed straight from the safetensors checkpoint.
+
+No model is built. Rows are read with pread in chunks, cast with the policy's rule and
+written with `write_rows`, so memory beyond the writer stays at about two chunks.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ...failures import FailureCode
+from ...protocols import (
+    ArtifactWriter,
+    LookupPhase,
+    ProductionMetadata,
+    ProductionSourceMode,
+    TensorFileWriter,
+    WeightProductionSpec,
+)
+from ..identity_adapter import FinalLayoutIdentityContext
+from ..tensor_layout import FinalLayoutTensor
+from ._checkpoint import CheckpointFormatError, CheckpointTensor, read_rows, read_safetensors_header, row_chunks
+from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, producer_error, production_metadata, write_all
+
+DEFAULT_CHUNK_BYTES = 64 * 2**20
+
+
+class FinalLayoutBF16CheckpointProducer:
+    """Stream BF16-policy tensors from the canonical checkpoint (PRE_LOAD_SAFE, CHECKPOINT_STREAM)."""
+
+    def __init__(
+        self,
+        context: FinalLayoutIdentityContext,
+        *,
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        if type(chunk_bytes) is not int or chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
+        self._context = context
+        self._shard_bytes = shard_bytes
+        self._chunk_bytes = chunk_bytes
+        self._progress = progress
+        self._spec = WeightProductionSpec(
+            producer_id=context.spec.producer.producer_id,
+            outputs=(context.identity,),
+            source_mode=ProductionSourceMode.CHECKPOINT_STREAM,
+            lookup_phase=LookupPhase.PRE_LOAD_SAFE,
+        )
+        self.largest_chunk_bytes = 0
+        """The largest row chunk read so far (source bytes); tests use it to show memory stays bounded."""
+
+    @property
+    def spec(self) -> WeightProductionSpec:
+        return self._spec
+
+    def _checkpoint_index(self) -> dict[str, CheckpointTensor]:
+        """DiT tensor name -> where its bytes are in the checkpoint; every owned tensor must be found."""
+        context = self._context
+        by_source: dict[int, dict[str, CheckpointTensor]] = {}
+        for index, source in enumerate(context.source.sources):
+            if not source.use_safetensors:
+                raise producer_error(
+                    FailureCode.PRODUCER_UNSUPPORTED,
+                    f"{source.model_or_path} has no safetensors weights; the streaming producer reads safetensors "
+                    "only (load canonically and publish after load instead)",
+                )
+            keys: dict[str, CheckpointTensor] = {}
+            for path in source.weight_files:
+                try:
+                    keys.update(read_safetensors_header(path))
+                except CheckpointFormatError as exc:
+                    raise producer_error(FailureCode.PRODUCER_FAILED, str(exc), file=str(path)) from exc
+            by_source[index] = keys
+        found: dict[str, CheckpointTensor] = {}
+        missing: list[str] = []
+        for tensor in context.tensors:
+            source_index, key = context.tensor_sources[tensor.name]
+            entry = by_source[source_index].get(key)
+            if entry is None:
+                missing.append(f"{tensor.name} (checkpoint key {key!r})")
+                continue
+            found[tensor.name] = entry
+        if missing:
+            raise producer_error(
+                FailureCode.PRODUCER_FAILED,
+                f"the checkpoint lacks {len(missing)} tensors the model owns, e.g. {missing[:5]}; its keys need a "
+                "conversion the streaming producer does not do, so load canonically instead",
+                missing=len(missing),
+            )
+        return found
+
+    def _keep_fp32(self, tensor: FinalLayoutTensor) -> tuple[str, ...]:
+        context = self._context
+        return context.model_contracts[context.dit_names.index(tensor.dit_name)].keep_in_fp32_modules
+
+    def produce(self, writer: ArtifactWriter) -> ProductionMetadata:
+        context = self._context
+        context.ensure_sources_unchanged()
+        index = self._checkpoint_index()
+        for tensor in context.tensors:
+            entry = index[tensor.name]
+            final = context.policy.final_dtype(tensor.local_name, entry.dtype, self._keep_fp32(tensor))
+            if entry.shape != tensor.shape or final != tensor.dtype:
+                raise producer_error(
+                    FailureCode.PRODUCER_FAILED,
+                    f"{tensor.name}: the checkpoint holds {entry.dtype} {list(entry.shape)}, which the policy turns "
+                    f"into {final}, but the model expects {tensor.dtype} {list(tensor.shape)}",
+                    tensor=tensor.name,
+                )
+        descriptors: dict[str, int] = {}
+        try:
+
+            def write_one(file_writer: TensorFileWriter, tensor: FinalLayoutTensor) -> None:
+                if tensor.nbytes == 0:
+                    return  # nothing to write; the writer treats an empty tensor as complete
+                entry = index[tensor.name]
+                fd = descriptors.get(str(entry.path))
+                if fd is None:
+                    fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+                    descriptors[str(entry.path)] = fd
+                if not tensor.shape:
+                    file_writer.write_tensor(tensor.name, read_rows(fd, entry, 0, 0).to(tensor.dtype))
+                    return
+                for start, stop in row_chunks(entry, self._chunk_bytes):
+                    self.largest_chunk_bytes = max(self.largest_chunk_bytes, (stop - start) * entry.row_bytes)
+                    rows = read_rows(fd, entry, start, stop)
+                    file_writer.write_rows(tensor.name, start, rows.to(tensor.dtype))
+
+            write_all(writer, context, self._shard_bytes, write_one, self._progress)
+        except CheckpointFormatError as exc:
+            raise producer_error(FailureCode.PRODUCER_FAILED, str(exc)) from exc
+        finally:
+            for fd in descriptors.values():
+                os.close(fd)
+        context.ensure_sources_unchanged()
+        return production_metadata(context, ProductionSourceMode.CHECKPOINT_STREAM.value)

@@ -1,0 +1,83 @@
+"""Post-load publication: the finalized CPU model's tensors, written as they serve."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ...failures import FailureCode
+from ...protocols import (
+    ArtifactWriter,
+    LookupPhase,
+    ProductionMetadata,
+    ProductionSourceMode,
+    TensorFileWriter,
+    WeightProductionSpec,
+)
+from ..identity_adapter import FinalLayoutIdentityContext, discover_final_layout
+from ..tensor_layout import FinalLayoutTensor, tensors_by_name
+from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, producer_error, production_metadata, write_all
+
+
+class FinalLayoutBF16Producer:
+    """Publish finalized BF16-policy tensors through a store-scoped writer.
+
+    Reads the serving model and never modifies it; its tensors must already be in their
+    final dtype and layout, or production fails instead of publishing something else.
+    """
+
+    def __init__(
+        self,
+        context: FinalLayoutIdentityContext,
+        dit_modules: Sequence[tuple[str, torch.nn.Module]],
+        *,
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        self._context = context
+        self._dit_modules = tuple(dit_modules)
+        self._shard_bytes = shard_bytes
+        self._progress = progress
+        self._spec = WeightProductionSpec(
+            producer_id=context.spec.producer.producer_id,
+            outputs=(context.identity,),
+            source_mode=ProductionSourceMode.FINALIZED_MODEL,
+            lookup_phase=LookupPhase.POST_LOAD_ONLY,
+        )
+
+    @property
+    def spec(self) -> WeightProductionSpec:
+        return self._spec
+
+    def produce(self, writer: ArtifactWriter) -> ProductionMetadata:
+        context = self._context
+        context.ensure_sources_unchanged()
+        ownership, _contracts = discover_final_layout(self._dit_modules, context.policy)
+        if ownership.tensors != context.tensors:
+            expected = {tensor.name: tensor for tensor in context.tensors}
+            differing = sorted(
+                tensor.name for tensor in ownership.tensors if expected.get(tensor.name) != tensor
+            ) + sorted(expected.keys() - ownership.names)
+            raise producer_error(
+                FailureCode.PRODUCER_FAILED,
+                f"the loaded model does not match the identity's tensor contract ({len(differing)} tensors differ, "
+                f"e.g. {differing[:5]}); it cannot be published under this key",
+                differing=len(differing),
+            )
+        live = tensors_by_name(self._dit_modules)
+
+        def write_one(file_writer: TensorFileWriter, tensor: FinalLayoutTensor) -> None:
+            value = live[tensor.name].detach()
+            if value.device.type != "cpu" or value.dtype != tensor.dtype:
+                raise producer_error(
+                    FailureCode.PRODUCER_FAILED,
+                    f"{tensor.name} is {value.dtype} on {value.device}; a finalized model publishes host tensors "
+                    f"already in their final dtype {tensor.dtype}",
+                    tensor=tensor.name,
+                )
+            file_writer.write_tensor(tensor.name, value)
+
+        write_all(writer, context, self._shard_bytes, write_one, self._progress)
+        context.ensure_sources_unchanged()
+        return production_metadata(context, ProductionSourceMode.FINALIZED_MODEL.value)

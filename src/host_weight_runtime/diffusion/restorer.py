@@ -1,0 +1,186 @@
+"""Generic validation-first restorer for exact final-layout tensor artifacts.
+
+`plan_restore` checks identity, coverage, shapes, dtypes and roles and touches nothing;
+the plan's one-shot `commit` binds every parameter and persistent buffer to the lease's
+tensors without copying. A model whose commit failed must be discarded.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..canonical_json import CanonicalJson, JsonValue
+from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage
+from ..lease import HostWeightLease
+from ..tensors import TensorKind, dtype_code
+from .contracts import FINAL_LAYOUT_TENSOR_RESTORER_SCHEMA
+from .identity_adapter import FinalLayoutIdentityContext, discover_final_layout
+
+__all__ = ["FinalLayoutTensorRestorePlan", "FinalLayoutTensorRestorer", "dit_modules_of"]
+
+
+def restore_error(message: str, **details: JsonValue) -> HostWeightError:
+    return HostWeightError(
+        HostWeightFailure(
+            ResolutionStage.RESTORE, FailureCode.RESTORE_FAILED, False, message, CanonicalJson.from_value(details)
+        )
+    )
+
+
+def dit_modules_of(model: torch.nn.Module, context: FinalLayoutIdentityContext) -> list[tuple[str, torch.nn.Module]]:
+    """The context's DiT modules inside `model`, found by name, and of the types the identity was built for."""
+    if not isinstance(model, context.pipeline_type):
+        raise restore_error(
+            f"the model is a {type(model).__name__}, but the identity was built for a "
+            f"{context.pipeline_type.__name__}",
+            model_type=type(model).__name__,
+        )
+    found: list[tuple[str, torch.nn.Module]] = []
+    for name, expected_type in zip(context.dit_names, context.dit_types, strict=True):
+        try:
+            module = model.get_submodule(name)
+        except AttributeError as exc:
+            raise restore_error(f"the model has no DiT module {name!r}", dit=name) from exc
+        if type(module) is not expected_type:
+            raise restore_error(
+                f"DiT module {name!r} is a {type(module).__name__}, not the {expected_type.__name__} of the identity",
+                dit=name,
+            )
+        found.append((name, module))
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class _Binding:
+    module: torch.nn.Module
+    attribute: str
+    kind: TensorKind
+    tensor: torch.Tensor
+
+
+class FinalLayoutTensorRestorePlan:
+    """A validated, one-shot binding of a model's tensors to a lease's mapped tensors."""
+
+    def __init__(
+        self,
+        context: FinalLayoutIdentityContext,
+        model: torch.nn.Module,
+        dit_modules: Sequence[tuple[str, torch.nn.Module]],
+        lease: HostWeightLease,
+        bindings: tuple[_Binding, ...],
+    ) -> None:
+        self._context = context
+        self._model = model
+        self._dit_modules = tuple(dit_modules)
+        self._lease = lease
+        self._bindings = bindings
+        self._guard = threading.Lock()
+        self._committed = False
+
+    @property
+    def committed(self) -> bool:
+        return self._committed
+
+    @property
+    def tensor_count(self) -> int:
+        return len(self._bindings)
+
+    def commit(self) -> None:
+        """Bind every tensor once; marked committed before the first mutation, so a second call raises."""
+        with self._guard:
+            if self._committed:
+                raise restore_error("this restore plan was already committed; plan a new restore on a fresh model")
+            self._committed = True
+        if self._lease.closed:
+            raise restore_error("the lease was closed before commit; nothing was changed")
+        self._context.ensure_sources_unchanged()
+        for binding in self._bindings:
+            if binding.kind is TensorKind.PARAMETER:
+                binding.module._parameters[binding.attribute] = torch.nn.Parameter(binding.tensor, requires_grad=False)
+            else:
+                binding.module._buffers[binding.attribute] = binding.tensor
+        for (_name, module), contract in zip(self._dit_modules, self._context.model_contracts, strict=True):
+            try:
+                contract.validator(module)
+            except Exception as exc:
+                raise restore_error(
+                    f"{contract.model_class_name} failed its contract validator after restore: {exc}; "
+                    "discard this model",
+                    model_class=contract.model_class_name,
+                ) from exc
+
+
+class FinalLayoutTensorRestorer:
+    """Validate and plan restoration for one exact policy-defined lease."""
+
+    def __init__(self, context: FinalLayoutIdentityContext) -> None:
+        self._context = context
+
+    @property
+    def schema(self) -> str:
+        return FINAL_LAYOUT_TENSOR_RESTORER_SCHEMA
+
+    def plan_restore(self, model: object, lease: HostWeightLease) -> FinalLayoutTensorRestorePlan:
+        """Check everything a commit depends on; mutates neither the model nor the lease (D12)."""
+        context = self._context
+        if not isinstance(model, torch.nn.Module):
+            raise restore_error(f"the model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(lease, HostWeightLease):
+            raise restore_error(f"the lease must be a HostWeightLease, got {type(lease).__name__}")
+        if lease.closed:
+            raise restore_error("the lease is closed")
+        if lease.identity.key != context.identity.key:
+            raise restore_error(
+                f"the lease is for artifact {lease.identity.key}, not {context.identity.key}",
+                lease_key=lease.identity.key,
+                expected_key=context.identity.key,
+            )
+        manifest = lease.manifest
+        if manifest.restorer_schema != self.schema:
+            raise restore_error(
+                f"the artifact needs restorer schema {manifest.restorer_schema!r}; this restorer is {self.schema!r}"
+            )
+        dit_modules = dit_modules_of(model, context)
+        ownership, _contracts = discover_final_layout(dit_modules, context.policy)
+        if ownership.tensors != context.tensors:
+            raise restore_error(
+                "the model's tensors do not match the identity's tensor contract; build the identity on this model",
+            )
+        leased = lease.tensors
+        manifest_names = {entry.name for entry in manifest.tensors}
+        missing = sorted(context.tensor_names - manifest_names)
+        extra = sorted(manifest_names - context.tensor_names)
+        if missing or extra:
+            raise restore_error(
+                f"the artifact covers the model incompletely: {len(missing)} missing (e.g. {missing[:5]}), "
+                f"{len(extra)} unexpected (e.g. {extra[:5]})",
+                missing=len(missing),
+                unexpected=len(extra),
+            )
+        modules = dict(dit_modules)
+        bindings: list[_Binding] = []
+        for tensor in context.tensors:
+            entry = manifest.tensor(tensor.name)
+            value = leased[tensor.name]
+            if (
+                entry.shape != tensor.shape
+                or entry.dtype != dtype_code(tensor.dtype)
+                or entry.kind is not tensor.kind
+                or entry.role != tensor.role
+                or tuple(value.shape) != tensor.shape
+                or value.dtype != tensor.dtype
+            ):
+                raise restore_error(
+                    f"{tensor.name}: the artifact holds {entry.kind.value} {entry.role} {entry.dtype} "
+                    f"{list(entry.shape)}, the model needs {tensor.kind.value} {tensor.role} "
+                    f"{dtype_code(tensor.dtype)} {list(tensor.shape)}",
+                    tensor=tensor.name,
+                )
+            module_path, _, attribute = tensor.local_name.rpartition(".")
+            owner = modules[tensor.dit_name].get_submodule(module_path) if module_path else modules[tensor.dit_name]
+            bindings.append(_Binding(owner, attribute, tensor.kind, value))
+        return FinalLayoutTensorRestorePlan(context, model, dit_modules, lease, tuple(bindings))

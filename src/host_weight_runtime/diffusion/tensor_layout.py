@@ -1,0 +1,219 @@
+"""Representation-neutral ownership discovery for final-layout tensors.
+
+The artifact owns every parameter and persistent buffer of the DiT modules, named
+`<dit>.<state-dict name>`. Discovery reads only metadata (shape, dtype, stride), so a
+`meta` skeleton and a materialized CPU model yield the same contract.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..canonical_json import CanonicalJson, JsonValue, encode_canonical
+from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage
+from ..protocols import TensorWriteSpec
+from ..tensors import TensorKind, dtype_code
+
+__all__ = [
+    "FinalLayoutTensor",
+    "TensorOwnership",
+    "discover_tensor_ownership",
+    "owned_tensors",
+    "tensor_contract_digest",
+]
+
+_ALLOWED_DEVICES = frozenset({"cpu", "meta"})
+
+FinalDtype = Callable[[str, str, torch.dtype], torch.dtype]
+"""(dit name, local tensor name, current dtype) -> final dtype under the policy."""
+
+
+def ownership_error(message: str, **details: JsonValue) -> HostWeightError:
+    return HostWeightError(
+        HostWeightFailure(
+            ResolutionStage.CONFIGURATION, FailureCode.UNSUPPORTED, False, message, CanonicalJson.from_value(details)
+        )
+    )
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides: list[int] = []
+    running = 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True, slots=True)
+class FinalLayoutTensor:
+    """One owned tensor as the artifact stores it: final dtype, contiguous layout."""
+
+    name: str
+    dit_name: str
+    local_name: str
+    kind: TensorKind
+    role: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    stride: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            "name": self.name,
+            "kind": self.kind.value,
+            "role": self.role,
+            "shape": list(self.shape),
+            "dtype": dtype_code(self.dtype),
+            "stride": list(self.stride),
+        }
+
+    def write_spec(self) -> TensorWriteSpec:
+        return TensorWriteSpec(self.name, self.shape, self.dtype, self.kind, self.role)
+
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for size in self.shape:
+            numel *= size
+        return numel * self.dtype.itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class TensorOwnership:
+    """The complete, alias-free tensor set of the DiT modules and its contract digest."""
+
+    tensors: tuple[FinalLayoutTensor, ...]
+    contract_digest: str
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(tensor.name for tensor in self.tensors)
+
+    def by_name(self) -> dict[str, FinalLayoutTensor]:
+        return {tensor.name: tensor for tensor in self.tensors}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(tensor.nbytes for tensor in self.tensors)
+
+
+def tensor_contract_digest(tensors: Sequence[FinalLayoutTensor]) -> str:
+    """SHA-256 over the sorted (name, kind, role, shape, dtype, stride) rows."""
+    rows = [tensor.to_dict() for tensor in sorted(tensors, key=lambda tensor: tensor.name)]
+    return hashlib.sha256(encode_canonical(rows)).hexdigest()
+
+
+def _check_dit_names(dit_modules: Sequence[tuple[str, torch.nn.Module]]) -> None:
+    if not dit_modules:
+        raise ValueError("dit_modules is empty: pass at least one (name, module) pair")
+    seen: set[str] = set()
+    for name, module in dit_modules:
+        if type(name) is not str or not name or "." in name:
+            raise ValueError(f"DiT module name {name!r} must be a non-empty str without dots")
+        if name in seen:
+            raise ValueError(f"DiT module name {name!r} appears twice in dit_modules")
+        if not isinstance(module, torch.nn.Module):
+            raise ValueError(f"DiT module {name!r} is a {type(module).__name__}, not a torch.nn.Module")
+        seen.add(name)
+
+
+def owned_tensors(
+    dit_modules: Sequence[tuple[str, torch.nn.Module]],
+) -> Iterator[tuple[str, str, str, TensorKind, torch.Tensor]]:
+    """Yield (dit name, local name, attribute, kind, tensor) for every parameter and persistent buffer.
+
+    Modules are walked without de-duplication so a shared submodule or tied parameter
+    shows up twice and can be rejected as an alias.
+    """
+    _check_dit_names(dit_modules)
+    for dit_name, dit in dit_modules:
+        for module_name, module in dit.named_modules(remove_duplicate=False):
+            prefix = f"{module_name}." if module_name else ""
+            for attribute, parameter in module._parameters.items():
+                if parameter is not None:
+                    yield dit_name, prefix + attribute, attribute, TensorKind.PARAMETER, parameter
+            non_persistent = module._non_persistent_buffers_set
+            for attribute, buffer in module._buffers.items():
+                if buffer is not None and attribute not in non_persistent:
+                    yield dit_name, prefix + attribute, attribute, TensorKind.BUFFER, buffer
+
+
+def _reject_overlaps(byte_ranges: list[tuple[int, int, str]]) -> None:
+    """Distinct tensor objects that view the same bytes are aliases too."""
+    byte_ranges.sort()
+    reach, reach_name = -1, ""
+    for start, end, name in byte_ranges:
+        if start < reach:
+            raise ownership_error(
+                f"{name} shares memory with {reach_name}; aliased tensors cannot be published",
+                tensor=name,
+                alias_of=reach_name,
+            )
+        if end > reach:
+            reach, reach_name = end, name
+
+
+def discover_tensor_ownership(
+    dit_modules: Sequence[tuple[str, torch.nn.Module]],
+    final_dtype: FinalDtype,
+) -> TensorOwnership:
+    """Every owned tensor with its final dtype; aliases, non-contiguous and foreign-device tensors are refused."""
+    found: list[FinalLayoutTensor] = []
+    seen_objects: dict[int, str] = {}
+    byte_ranges: list[tuple[int, int, str]] = []
+    for dit_name, local_name, attribute, kind, tensor in owned_tensors(dit_modules):
+        name = f"{dit_name}.{local_name}"
+        earlier = seen_objects.get(id(tensor))
+        if earlier is not None:
+            raise ownership_error(
+                f"{name} is the same tensor as {earlier}; aliased (tied or shared) tensors cannot be "
+                "published as final-layout tensors",
+                tensor=name,
+                alias_of=earlier,
+            )
+        seen_objects[id(tensor)] = name
+        device = tensor.device.type
+        if device not in _ALLOWED_DEVICES:
+            raise ownership_error(
+                f"{name} lives on {tensor.device}; final-layout tensors are host tensors, so discover ownership on a "
+                "CPU or meta model before moving it to an accelerator",
+                tensor=name,
+                device=str(tensor.device),
+            )
+        shape = tuple(int(size) for size in tensor.shape)
+        stride = tuple(int(step) for step in tensor.stride())
+        if tensor.numel() > 1 and stride != _contiguous_strides(shape):
+            raise ownership_error(
+                f"{name} is not contiguous (stride {stride} for shape {shape}); make it contiguous before publishing",
+                tensor=name,
+            )
+        if device == "cpu" and tensor.numel() > 0:
+            start = tensor.data_ptr()
+            byte_ranges.append((start, start + tensor.numel() * tensor.element_size(), name))
+        found.append(
+            FinalLayoutTensor(
+                name=name,
+                dit_name=dit_name,
+                local_name=local_name,
+                kind=kind,
+                role=attribute,
+                shape=shape,
+                dtype=final_dtype(dit_name, local_name, tensor.dtype),
+                stride=_contiguous_strides(shape),
+            )
+        )
+    _reject_overlaps(byte_ranges)
+    found.sort(key=lambda tensor: tensor.name)
+    if not found:
+        raise ownership_error("the DiT modules own no parameters or persistent buffers; there is nothing to publish")
+    return TensorOwnership(tuple(found), tensor_contract_digest(found))
+
+
+def tensors_by_name(dit_modules: Sequence[tuple[str, torch.nn.Module]]) -> Mapping[str, torch.Tensor]:
+    """The live tensors of the DiT modules, keyed by their final-layout names."""
+    return {f"{dit}.{local}": tensor for dit, local, _attribute, _kind, tensor in owned_tensors(dit_modules)}
