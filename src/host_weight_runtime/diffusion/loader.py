@@ -411,7 +411,7 @@ def load_component(
                          exc.failure.message)
         else:
             model = prepared.skeleton
-            setattr(model, "_host_weight_lease", lease)  # the model keeps its lease (and shared lock) alive
+            object.__setattr__(model, "_host_weight_lease", lease)  # the model keeps its lease (and lock) alive
             return LoadedComponent(
                 model,
                 ComponentLoadPath.ARTIFACT,
