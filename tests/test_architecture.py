@@ -56,10 +56,31 @@ def module_name_for(path: Path, package_dir: Path = PACKAGE_DIR, package: str = 
     return ".".join([package, *parts])
 
 
+# The `hwr` command is the application layer on top of both core and adapters
+# (DESIGN: "nothing -> cli"); it may reach the adapters, but only lazily.
+APPLICATION_FILES = ("cli.py",)
+
+
 def core_source_files(package_dir: Path = PACKAGE_DIR) -> list[Path]:
-    """Every .py file of the package except the diffusion adapter subpackage."""
+    """Every .py file of the package except the diffusion adapter subpackage and the application layer."""
     adapters = package_dir / "diffusion"
-    return sorted(p for p in package_dir.rglob("*.py") if adapters not in p.parents and p != adapters)
+    application = {package_dir / name for name in APPLICATION_FILES}
+    return sorted(
+        p for p in package_dir.rglob("*.py") if adapters not in p.parents and p != adapters and p not in application
+    )
+
+
+def module_level_imports(source: str, module: str, is_package: bool) -> list[str]:
+    """Imports executed when the module is imported (top-level statements only, not function bodies)."""
+    found: list[str] = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve_from(module, is_package, node.level, node.module)
+            found.append(base)
+            found.extend(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+    return found
 
 
 def _resolve_from(module: str, is_package: bool, level: int, target: str | None) -> str:
@@ -123,6 +144,32 @@ def test_static_scan_finds_no_forbidden_imports() -> None:
     assert set(modules) >= CONTRACT_MODULES, "the scan did not see the core modules"
     assert not any(_is_forbidden(m, (ADAPTER_PACKAGE,)) for m in modules)
     assert [str(v) for v in violations] == []
+
+
+def test_application_layer_reaches_adapters_only_lazily() -> None:
+    """C08: `hwr` imports the diffusion adapters inside the commands that need them, never at import time."""
+    for name in APPLICATION_FILES:
+        path = PACKAGE_DIR / name
+        module = module_name_for(path)
+        eager = [t for t in module_level_imports(path.read_text(encoding="utf-8"), module, False) if _is_forbidden(t)]
+        assert eager == [], f"{name} imports {eager} at module level"
+
+
+def test_no_core_module_imports_the_application_layer() -> None:
+    """C08: dependencies point up to the CLI only; no core module imports it."""
+    cli_modules = tuple(module_name_for(PACKAGE_DIR / name) for name in APPLICATION_FILES)
+    for path in core_source_files():
+        module = module_name_for(path)
+        targets = module_level_imports(path.read_text(encoding="utf-8"), module, path.name == "__init__.py")
+        assert not [t for t in targets if _is_forbidden(t, cli_modules)], f"{module} imports the CLI"
+
+
+def test_module_level_import_scan_ignores_function_bodies() -> None:
+    """C08: the lazy-import check can fail: a top-level adapter import is seen, a function-local one is not."""
+    eager = "from .diffusion import loader\n"
+    lazy = "def f():\n    from .diffusion import loader\n"
+    assert "host_weight_runtime.diffusion" in module_level_imports(eager, "host_weight_runtime.cli", False)
+    assert module_level_imports(lazy, "host_weight_runtime.cli", False) == []
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The `hwr` command: inspect, verify and clean a domain, and run the sharing demo.
+"""The `hwr` command: inspect, verify and clean a domain, prewarm a model, and run the demo.
 
 Thin by design: parse arguments, call the library, print. Tables and progress bars
 for people, `--json` for machines. Exit codes: 0 success, 1 a failure the command
@@ -8,6 +8,7 @@ reports, 2 a usage error (argparse's own, a bad key, a refused unattended cleanu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -400,6 +402,69 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _runtime_config(root_option: str | None) -> HostWeightRuntimeConfig:
+    config = HostWeightRuntimeConfig.from_env()
+    if root_option is not None:
+        config = dataclasses.replace(config, root=_domain_root(root_option))
+    return config
+
+
+def _cmd_prewarm(args: argparse.Namespace) -> int:
+    # The application layer may use the adapters; the core never does (C08).
+    from .diffusion.loader import PrewarmResult, prewarm_component
+    from .runtime import HostWeightRuntime
+
+    runtime = HostWeightRuntime(_runtime_config(args.root))
+    kwargs: dict[str, Any] = {
+        "subfolder": args.subfolder,
+        "revision": args.revision,
+        "runtime": runtime,
+        "cache_dir": args.cache_dir,
+    }
+    result: PrewarmResult
+    if not args.json and sys.stderr.isatty():
+        with Progress(
+            TextColumn("streaming {task.description}"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=_stderr(),
+            transient=True,
+        ) as progress:
+            task = progress.add_task(str(args.model), total=None)
+
+            def advance(done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total or None)
+
+            result = prewarm_component(args.model, progress=advance, **kwargs)
+    else:
+        result = prewarm_component(args.model, **kwargs)
+    report = result.resolution
+    if args.json:
+        _print_json(
+            {
+                "model": str(args.model),
+                "subfolder": args.subfolder,
+                "identity_key": result.identity_key,
+                "total_bytes": result.total_bytes,
+                "tensor_count": result.tensor_count,
+                "resolution": report.to_dict(),
+            }
+        )
+        return EXIT_OK
+    table = Table(title=f"prewarmed {args.model}", title_justify="left", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    table.add_row("key", result.identity_key)
+    table.add_row("outcome", Text(report.outcome.value, style="green"))
+    table.add_row("artifact", f"{_size(result.total_bytes)} in {result.tensor_count} tensors")
+    table.add_row("time", f"{report.elapsed_s:.2f} s")
+    table.add_row("domain", str(runtime.config.resolved_root))
+    _stdout().print(table)
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------- parser and main
 
 
@@ -449,6 +514,14 @@ def _build_parser() -> argparse.ArgumentParser:
     cleanup.add_argument("--yes", action="store_true", help="remove without asking")
     add_root(cleanup)
     add_json(cleanup)
+
+    prewarm = add("prewarm", _cmd_prewarm, "build a diffusers model's artifact straight from its checkpoint")
+    prewarm.add_argument("model", help="diffusers model or pipeline folder, or a repo id in the local HF cache")
+    prewarm.add_argument("--subfolder", default=None, help="component folder inside a pipeline, e.g. transformer")
+    prewarm.add_argument("--revision", default=None, help="cache revision (branch, tag or commit); default main")
+    prewarm.add_argument("--cache-dir", default=None, metavar="DIR", help="Hugging Face cache (default: $HF_HUB_CACHE)")
+    add_root(prewarm)
+    add_json(prewarm)
 
     demo = add("demo", _cmd_demo, "publish a synthetic artifact once, lease it from fresh worker processes")
     demo.add_argument("--size-mib", type=_positive_int, default=512, metavar="N", help="artifact size (default 512)")
