@@ -14,6 +14,8 @@
       tmp/<key>.<pid>.<rand>/     builds in progress; invisible to readers
       quarantine/<key>.<ns>.<rand>/  invalid or colliding artifacts, kept for inspection
       deny/<key>.json             "this artifact failed validation"
+      source-digests-v1/          node cache of checkpoint-file hashes (diffusion adapters);
+        entries/, locks/          disposable: a missing or corrupt entry is simply recomputed
 
 Lock files live outside the artifact directories and are never unlinked.
 """
