@@ -77,7 +77,9 @@ def discover_final_layout(
 ) -> tuple[TensorOwnership, tuple[FinalLayoutModelContract, ...]]:
     """Ownership with policy dtypes, and each DiT's contract; a model without a contract is refused (D08)."""
     contracts = tuple(contract_for_model(module) for _name, module in dit_modules)
-    keep_by_dit = {name: contract.keep_in_fp32_modules for (name, _module), contract in zip(dit_modules, contracts, strict=True)}
+    keep_by_dit = {
+        name: contract.keep_in_fp32_modules for (name, _module), contract in zip(dit_modules, contracts, strict=True)
+    }
 
     def final_dtype(dit_name: str, local_name: str, dtype: torch.dtype) -> torch.dtype:
         return policy.final_dtype(local_name, dtype, keep_by_dit[dit_name])
