@@ -185,12 +185,6 @@ def test_prewarm_a_repo_id_from_the_local_hub_cache(
     assert _artifact_keys(root) == [report["identity_key"]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="loader.py:291 puts str(model_or_path) verbatim into the identity (FinalLayoutRequest.model_id -> "
-    "WeightSourceIdentity.model_id), so a relative path prewarmed from one directory gives a different key "
-    "from the absolute path a worker loads",
-)
 def test_workers_hit_a_prewarm_given_a_relative_path(
     tmp_path: Path, pipeline: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -272,11 +272,6 @@ def test_required_without_a_producer_fails_on_a_miss(tmp_path: Path, pipeline: P
     assert _artifact_keys(root) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="loader.py:291 puts str(model_or_path) verbatim into the identity (FinalLayoutRequest.model_id -> "
-    "WeightSourceIdentity.model_id), so spellings of one folder give different keys and duplicate artifacts",
-)
 def test_the_key_does_not_depend_on_how_the_folder_is_spelled(
     tmp_path: Path, pipeline: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -41,7 +41,7 @@ from .producers._shards import ProgressCallback
 from .producers.checkpoint_stream import FinalLayoutBF16CheckpointProducer
 from .producers.finalized import FinalLayoutBF16Producer
 from .restorer import FinalLayoutTensorRestorer
-from .source_identity import NodeSourceDigestCache, PreparedWeightSource, prepare_weight_source
+from .source_identity import NodeSourceDigestCache, PreparedWeightSource, WeightSourceKind, prepare_weight_source
 
 __all__ = ["ComponentLoadPath", "LoadedComponent", "PrewarmResult", "load_component", "prewarm_component"]
 
@@ -288,7 +288,7 @@ def _prepare(
     contract = contract_for_model(skeleton)
     config = dict(model_class.load_config(str(source.resolved_root)))
     request = FinalLayoutRequest(
-        model_id=str(model_or_path),
+        model_id=_model_id(model_or_path, source),
         loader=_loader_identity(model_class, config, contract.keep_in_fp32_modules, source.use_safetensors),
         parallel=parallel,
     )
@@ -301,6 +301,13 @@ def _prepare(
         source_digest_cache=_digest_cache(runtime),
     )
     return _Prepared(source, model_class, component_name, skeleton, holder, context)
+
+
+def _model_id(model_or_path: str | os.PathLike[str], source: PreparedWeightSource) -> str:
+    """A repo id as given; a local folder by its real path, so `pipe`, `./pipe/` and a symlink share one key."""
+    if source.source_kind is WeightSourceKind.HUGGING_FACE_HUB:
+        return str(model_or_path)
+    return os.path.realpath(model_or_path)
 
 
 def _check_arguments(torch_dtype: torch.dtype, parallel: FinalLayoutParallelIdentity | None) -> None:
