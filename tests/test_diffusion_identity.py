@@ -652,22 +652,13 @@ def _buffer_viewing_a_parameter(model: Any) -> None:
 
 _SAME_OBJECT_ALIASES = (_tie_parameter, _share_submodule)
 _STORAGE_ALIASES = (_second_parameter_on_same_storage, _parameter_on_a_slice_of_another, _buffer_viewing_a_parameter)
-_META_STORAGE_ALIAS_BUG = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "library bug: tensor_layout.discover_tensor_ownership only compares byte ranges of CPU tensors "
-        "(data_ptr), so distinct meta tensors that view one storage are accepted on a meta skeleton while the "
-        "same model materialized on CPU is refused"
-    ),
-)
 
 
 def _alias_cases() -> Iterator[Any]:
     for make_alias in (*_SAME_OBJECT_ALIASES, *_STORAGE_ALIASES):
         name = make_alias.__name__.strip("_")
         yield pytest.param(make_alias, "cpu", id=f"cpu-{name}")
-        marks = [_META_STORAGE_ALIAS_BUG] if make_alias in _STORAGE_ALIASES else []
-        yield pytest.param(make_alias, "meta", id=f"meta-{name}", marks=marks)
+        yield pytest.param(make_alias, "meta", id=f"meta-{name}")
 
 
 @pytest.mark.parametrize(("make_alias", "materialized"), list(_alias_cases()))

@@ -143,11 +143,26 @@ def owned_tensors(
                     yield dit_name, prefix + attribute, attribute, TensorKind.BUFFER, buffer
 
 
-def _reject_overlaps(byte_ranges: list[tuple[int, int, str]]) -> None:
+def _byte_range(tensor: torch.Tensor) -> tuple[int, int, int]:
+    """(address space, first byte, end) of a tensor's bytes; meta tensors have no addresses, only storages."""
+    length = tensor.numel() * tensor.element_size()
+    if tensor.device.type == "meta":
+        storage = tensor.untyped_storage()
+        space = int(getattr(storage, "_cdata", id(storage)))  # the storage's identity: views share it
+        start = int(tensor.storage_offset()) * tensor.element_size()
+        return space, start, start + length
+    start = tensor.data_ptr()
+    return 0, start, start + length
+
+
+def _reject_overlaps(byte_ranges: list[tuple[int, int, int, str]]) -> None:
     """Distinct tensor objects that view the same bytes are aliases too."""
     byte_ranges.sort()
-    reach, reach_name = -1, ""
-    for start, end, name in byte_ranges:
+    reach_space, reach, reach_name = -1, -1, ""
+    for space, start, end, name in byte_ranges:
+        if space != reach_space:
+            reach_space, reach, reach_name = space, end, name
+            continue
         if start < reach:
             raise ownership_error(
                 f"{name} shares memory with {reach_name}; aliased tensors cannot be published",
@@ -165,7 +180,7 @@ def discover_tensor_ownership(
     """Every owned tensor with its final dtype; aliases, non-contiguous and foreign-device tensors are refused."""
     found: list[FinalLayoutTensor] = []
     seen_objects: dict[int, str] = {}
-    byte_ranges: list[tuple[int, int, str]] = []
+    byte_ranges: list[tuple[int, int, int, str]] = []
     for dit_name, local_name, attribute, kind, tensor in owned_tensors(dit_modules):
         name = f"{dit_name}.{local_name}"
         earlier = seen_objects.get(id(tensor))
@@ -187,14 +202,13 @@ def discover_tensor_ownership(
             )
         shape = tuple(int(size) for size in tensor.shape)
         stride = tuple(int(step) for step in tensor.stride())
-        if tensor.numel() > 1 and stride != _contiguous_strides(shape):
+        if not tensor.is_contiguous():
             raise ownership_error(
                 f"{name} is not contiguous (stride {stride} for shape {shape}); make it contiguous before publishing",
                 tensor=name,
             )
-        if device == "cpu" and tensor.numel() > 0:
-            start = tensor.data_ptr()
-            byte_ranges.append((start, start + tensor.numel() * tensor.element_size(), name))
+        if tensor.numel() > 0:
+            byte_ranges.append((*_byte_range(tensor), name))
         found.append(
             FinalLayoutTensor(
                 name=name,
