@@ -25,7 +25,7 @@ def test_demo_publishes_once_and_workers_share_the_pages() -> None:
     """A small demo: the publisher row is local_production, every worker row local_hit, each with positive
     RSS and PSS read while the leases were held; the temporary domain is gone afterwards."""
     result = subprocess.run(
-        [sys.executable, "-m", "host_weight_runtime.cli", "demo", "--size-mib", "16", "--json"],
+        [sys.executable, "-m", "host_weight_runtime.cli", "demo", "--synthetic", "--size-mib", "16", "--json"],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,

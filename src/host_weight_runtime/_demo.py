@@ -393,20 +393,9 @@ def child_main(process: str, root: Path, size_mib: int) -> int:
 class _Child:
     """One child process and its line channel; every read has a deadline."""
 
-    def __init__(self, process: str, root: Path, size_mib: int) -> None:
+    def __init__(self, process: str, command: Sequence[str]) -> None:
         self.process = process
-        command = [
-            sys.executable,
-            "-m",
-            "host_weight_runtime._demo",
-            "--child",
-            process,
-            "--root",
-            str(root),
-            "--size-mib",
-            str(size_mib),
-        ]
-        self._popen = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self._popen = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self._buffer = b""
 
     def receive(self, deadline: float) -> dict[str, JsonValue]:
@@ -458,25 +447,59 @@ class _Child:
         self._popen.wait()
 
 
+def _child_command(process: str, root: Path, size_mib: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "host_weight_runtime._demo",
+        "--child",
+        process,
+        "--root",
+        str(root),
+        "--size-mib",
+        str(size_mib),
+    ]
+
+
 def _run_group(names: Sequence[str], root: Path, size_mib: int) -> list[DemoRow]:
     """Start one child per name; measure them while all hold their leases; release them."""
+    rows = _run_child_group([(name, _child_command(name, root, size_mib)) for name in names])
+    return [DemoRow.from_dict(row) for row in rows]
+
+
+def _await_ready(child: _Child, deadline: float) -> None:
+    message = child.receive(deadline)
+    if message.get("event") != "ready":
+        raise DemoError(f"{child.process} sent {message!r} instead of ready")
+
+
+def _run_child_group(
+    commands: Sequence[tuple[str, Sequence[str]]], *, one_at_a_time: bool = False
+) -> list[JsonValue]:
+    """Run the ready -> measure -> row -> release protocol with one child per (name, command); return the rows.
+
+    With `one_at_a_time` each child starts only once the previous one is ready, so every
+    load runs alone (its time to ready is not inflated by the others' start-up); the rows
+    are still read while every child holds what it loaded.
+    """
     deadline = time.monotonic() + CHILD_TIMEOUT_S
     children: list[_Child] = []
     try:
-        for name in names:
-            children.append(_Child(name, root, size_mib))
-        for child in children:
-            message = child.receive(deadline)
-            if message.get("event") != "ready":
-                raise DemoError(f"{child.process} sent {message!r} instead of ready")
+        for name, command in commands:
+            children.append(_Child(name, command))
+            if one_at_a_time:
+                _await_ready(children[-1], deadline)
+        if not one_at_a_time:
+            for child in children:
+                _await_ready(child, deadline)
         for child in children:
             child.send("measure")
-        rows: list[DemoRow] = []
+        rows: list[JsonValue] = []
         for child in children:
             message = child.receive(deadline)
             if message.get("event") != "row":
                 raise DemoError(f"{child.process} sent {message!r} instead of its row")
-            rows.append(DemoRow.from_dict(message.get("row")))
+            rows.append(message.get("row"))
         for child in children:
             child.send("release")
         for child in children:
