@@ -93,6 +93,19 @@ def _limit(nbytes: int | None) -> str:
     return "unlimited" if nbytes is None else _size(nbytes)
 
 
+def _byte_progress(verb: str) -> Progress:
+    """A transient progress bar on stderr for long byte-bound work (hashing, streaming)."""
+    return Progress(
+        TextColumn(verb + " {task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=_stderr(),
+        transient=True,
+    )
+
+
 def _domain_root(option: str | None) -> Path:
     """--root, else HWR_ROOT (validated as the library validates it), else the default root."""
     if option is not None:
@@ -240,15 +253,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + VERIFY_LOCK_TIMEOUT_S
     if args.full and sys.stderr.isatty():
         total = _payload_bytes(store.layout.artifact_dir(key))
-        with Progress(
-            TextColumn("hashing {task.description}"),
-            BarColumn(),
-            DownloadColumn(binary_units=True),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=_stderr(),
-            transient=True,
-        ) as progress:
+        with _byte_progress("hashing") as progress:
             task = progress.add_task(key[:SHORT_KEY], total=total or None)
 
             def advance(nbytes: int) -> None:
@@ -457,15 +462,7 @@ def _cmd_prewarm(args: argparse.Namespace) -> int:
     }
     result: PrewarmResult
     if not args.json and sys.stderr.isatty():
-        with Progress(
-            TextColumn("streaming {task.description}"),
-            BarColumn(),
-            DownloadColumn(binary_units=True),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=_stderr(),
-            transient=True,
-        ) as progress:
+        with _byte_progress("streaming") as progress:
             task = progress.add_task(str(args.model), total=None)
 
             def advance(done: int, total: int) -> None:
