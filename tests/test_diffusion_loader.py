@@ -301,6 +301,7 @@ def test_runtime_none_reads_hwr_mode_and_root_from_the_environment(
         assert loaded.outcome is ResolutionOutcome.LOCAL_PRODUCTION  # REQUIRED streams on a miss
         assert loaded.resolution is not None and loaded.resolution.mode == RuntimeMode.REQUIRED.value
         assert torch.equal(_forward(loaded.model), canonical_output)
+        assert loaded.domain_root == root and loaded.summary()["domain_root"] == str(root)  # it says where
     assert (root / "domain.json").is_file()
     assert _artifact_keys(root) == [loaded.identity_key]
 
@@ -319,6 +320,7 @@ def test_disabled_loads_canonically_and_creates_nothing(
         assert loaded.load_path is ComponentLoadPath.CANONICAL
         assert loaded.outcome in (None, ResolutionOutcome.CANONICAL_DIRECT)
         assert loaded.publication is None and loaded.lease is None and loaded.identity_key is None
+        assert loaded.domain_root is None
         assert torch.equal(_forward(loaded.model), canonical_output)
     assert not root.exists()
 

@@ -65,10 +65,12 @@ class LoadedComponent:
 
     On the ARTIFACT path the model's tensors are views of a lease; the model keeps that
     lease alive, and `close()` releases it once the model is no longer served.
+    `domain_root` says where the runtime keeps artifacts (None when it is DISABLED).
     """
 
     __slots__ = (
         "_lease",
+        "domain_root",
         "elapsed_s",
         "identity_failure",
         "identity_key",
@@ -85,6 +87,7 @@ class LoadedComponent:
         load_path: ComponentLoadPath,
         *,
         elapsed_s: float,
+        domain_root: Path | None = None,
         identity_key: str | None = None,
         resolution: ResolutionReport | None = None,
         publication: PostLoadPublicationReport | None = None,
@@ -95,6 +98,7 @@ class LoadedComponent:
         self.model = model
         self.load_path = load_path
         self.elapsed_s = elapsed_s
+        self.domain_root = domain_root
         self.identity_key = identity_key
         self.resolution = resolution
         self.publication = publication
@@ -127,6 +131,7 @@ class LoadedComponent:
             "load_path": self.load_path.value,
             "outcome": None if self.outcome is None else self.outcome.value,
             "identity_key": self.identity_key,
+            "domain_root": None if self.domain_root is None else str(self.domain_root),
             "elapsed_s": self.elapsed_s,
             "publication": None if self.publication is None else self.publication.status.value,
             "identity_failure": None if self.identity_failure is None else self.identity_failure.to_dict(),
@@ -363,12 +368,15 @@ def load_component(
     parallel = parallel if parallel is not None else FinalLayoutParallelIdentity()
     cache_path = Path(cache_dir) if cache_dir is not None else None
     name_or_path = str(model_or_path)
+    root = None if mode is RuntimeMode.DISABLED else runtime.config.resolved_root
 
     def canonical_result(
         source: PreparedWeightSource, model_class: type[Any], **reports: Any
     ) -> LoadedComponent:
         model = _canonical(model_class, source, name_or_path)
-        return LoadedComponent(model, ComponentLoadPath.CANONICAL, elapsed_s=time.monotonic() - started, **reports)
+        return LoadedComponent(
+            model, ComponentLoadPath.CANONICAL, elapsed_s=time.monotonic() - started, domain_root=root, **reports
+        )
 
     if mode is RuntimeMode.DISABLED:
         component = _component_name(subfolder)
@@ -423,6 +431,7 @@ def load_component(
                 model,
                 ComponentLoadPath.ARTIFACT,
                 elapsed_s=time.monotonic() - started,
+                domain_root=root,
                 identity_key=key,
                 resolution=report,
                 lease=lease,
@@ -440,6 +449,7 @@ def load_component(
         model,
         ComponentLoadPath.CANONICAL,
         elapsed_s=time.monotonic() - started,
+        domain_root=root,
         identity_key=key,
         resolution=report,
         publication=publication,
