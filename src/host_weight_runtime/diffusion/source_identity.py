@@ -258,16 +258,21 @@ def _source_changed(path: Path, what: str, **details: JsonValue) -> HostWeightEr
     )
 
 
-def _check_state(path: Path, expected: _FileState) -> None:
-    """Raise CANONICAL_SOURCE_FAILED unless `path` still has state `expected`."""
+def _stat_source(path: Path, missing: str) -> _FileState:
+    """The file's state; a missing file is CANONICAL_SOURCE_FAILED, other OS errors are typed."""
     try:
-        current = _FileState.of(path)
+        return _FileState.of(path)
     except FileNotFoundError as exc:
-        raise _source_changed(path, "disappeared") from exc
+        raise _source_changed(path, missing) from exc
     except OSError as exc:
         raise HostWeightError(
             failure_from_os_error(exc, stage=ResolutionStage.CANONICAL, what=f"checking weight file {path}")
         ) from exc
+
+
+def _check_state(path: Path, expected: _FileState) -> None:
+    """Raise CANONICAL_SOURCE_FAILED unless `path` still has state `expected`."""
+    current = _stat_source(path, "disappeared")
     if current != expected:
         raise _source_changed(path, "changed", changed_fields=list(expected.differences(current)))
 
@@ -632,14 +637,7 @@ class FinalLayoutSourceContext:
 
 
 def _content_id(path: Path, cache: NodeSourceDigestCache | None) -> tuple[_FileState, str]:
-    try:
-        state = _FileState.of(path)
-    except FileNotFoundError as exc:
-        raise _source_changed(path, "does not exist") from exc
-    except OSError as exc:
-        raise HostWeightError(
-            failure_from_os_error(exc, stage=ResolutionStage.CANONICAL, what=f"checking weight file {path}")
-        ) from exc
+    state = _stat_source(path, "does not exist")
     content_id = hub_blob_content_id(path)
     if content_id is None:
         content_id = cache.content_id(path, state) if cache is not None else _hash_file(path, state)
