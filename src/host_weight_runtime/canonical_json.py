@@ -48,13 +48,32 @@ def _check_value(value: object, path: str, ancestors: frozenset[int] = frozenset
     )
 
 
+def _is_plain(value: object, ancestors: set[int]) -> bool:
+    """The fast form of `_check_value`: True when the value is acceptable, without building paths."""
+    kind = type(value)
+    if value is None or kind is bool or kind is str or kind is int:
+        return True
+    if kind is float:
+        return math.isfinite(value)  # type: ignore[arg-type]
+    if not isinstance(value, (list, tuple, dict)) or id(value) in ancestors:
+        return False
+    ancestors.add(id(value))
+    try:
+        if isinstance(value, dict):
+            return all(type(key) is str and _is_plain(item, ancestors) for key, item in value.items())
+        return all(_is_plain(item, ancestors) for item in value)
+    finally:
+        ancestors.discard(id(value))
+
+
 def _reject_constant(name: str) -> object:
     raise ValueError(f"canonical JSON rejects the constant {name}")
 
 
 def encode_canonical(value: object) -> bytes:
     """Encode a JSON-native value as canonical bytes, or raise ValueError."""
-    _check_value(value, "$")
+    if not _is_plain(value, set()):
+        _check_value(value, "$")  # raises, naming where the value goes wrong
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     try:
         return text.encode("utf-8")

@@ -161,7 +161,7 @@ class FinalLayoutTensorRestorer:
                 missing=len(missing),
                 unexpected=len(extra),
             )
-        modules = dict(dit_modules)
+        submodules = {name: dict(module.named_modules()) for name, module in dit_modules}
         bindings: list[_Binding] = []
         for tensor in context.tensors:
             entry = manifest.tensor(tensor.name)
@@ -181,6 +181,8 @@ class FinalLayoutTensorRestorer:
                     tensor=tensor.name,
                 )
             module_path, _, attribute = tensor.local_name.rpartition(".")
-            owner = modules[tensor.dit_name].get_submodule(module_path) if module_path else modules[tensor.dit_name]
+            owner = submodules[tensor.dit_name].get(module_path)
+            if owner is None:
+                raise restore_error(f"{tensor.name}: the model has no submodule {module_path!r}", tensor=tensor.name)
             bindings.append(_Binding(owner, attribute, tensor.kind, value))
         return FinalLayoutTensorRestorePlan(context, model, dit_modules, lease, tuple(bindings))
