@@ -88,6 +88,16 @@ def _chunk_digest(view: memoryview) -> bytes:
     return hashlib.sha256(view).digest()
 
 
+def chunk_digest(view: memoryview) -> bytes:
+    """SHA-256 of one chunk (hashlib releases the GIL while it hashes)."""
+    return _chunk_digest(view)
+
+
+def combine_chunk_digests(length: int, chunk_digests: Iterable[bytes]) -> str:
+    """The tree digest of a buffer of `length` bytes from its chunks' digests, in order."""
+    return _combine(length, chunk_digests)
+
+
 def tree_digest(data: memoryview | bytes, chunk_bytes: int = DIGEST_CHUNK_BYTES) -> str:
     """Digest of one buffer on the calling thread."""
     hasher = TreeHasher(chunk_bytes)

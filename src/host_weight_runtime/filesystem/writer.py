@@ -25,7 +25,7 @@ import mmap
 import os
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -34,7 +34,8 @@ import torch
 
 from .._digest import (
     DIGEST_CHUNK_BYTES,
-    TreeHasher,
+    chunk_digest,
+    combine_chunk_digests,
     default_hash_threads,
     file_digest,
     tree_digest,
@@ -173,17 +174,30 @@ def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
 # --------------------------------------------------------------------------- per-file writer
 
 
+def _hash_file_range(fd: int, offset: int, length: int) -> bytes:
+    """The chunk digest of `length` bytes at `offset` of a written file, through a mapping of just those bytes."""
+    if length == 0:
+        return chunk_digest(memoryview(b""))
+    aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
+    with (
+        mmap.mmap(fd, offset - aligned + length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=aligned) as mapping,
+        memoryview(mapping) as whole,
+        whole[offset - aligned :] as piece,
+    ):
+        return chunk_digest(piece)
+
+
 class _TensorState:
-    """Mutable bookkeeping for one tensor: written row intervals, in-flight claims, ordered hasher."""
+    """Mutable bookkeeping for one tensor: written row intervals, in-flight claims, chunk hashes in flight."""
 
-    __slots__ = ("done", "hasher", "index", "pending", "placement")
+    __slots__ = ("chunk_hashes", "done", "index", "pending", "placement")
 
-    def __init__(self, index: int, placement: _Placement, hasher: TreeHasher | None) -> None:
+    def __init__(self, index: int, placement: _Placement) -> None:
         self.index = index
         self.placement = placement
         self.done: list[tuple[int, int]] = []  # sorted, merged, half-open row intervals
         self.pending: list[tuple[int, int]] = []  # claimed by writes still in flight
-        self.hasher = hasher
+        self.chunk_hashes: list[Future[bytes]] | None = None  # ordered files: hashing of the written bytes
 
     def overlaps(self, start: int, stop: int) -> tuple[int, int] | None:
         """The first already written or in-flight interval that meets [start, stop), if any."""
@@ -252,8 +266,7 @@ class StagingTensorFileWriter:
         self._result: WrittenFile | None = None
         self._next_byte = 0  # ordered files: the data offset the next write must start at
         self._states: dict[str, _TensorState] = {
-            placement.spec.name: _TensorState(index, placement, TreeHasher(owner.chunk_bytes) if ordered else None)
-            for index, placement in enumerate(layout.placements)
+            placement.spec.name: _TensorState(index, placement) for index, placement in enumerate(layout.placements)
         }
 
     # -- read-only facts
@@ -374,14 +387,7 @@ class StagingTensorFileWriter:
             with self._lock:
                 self._claim(state, start, stop, ordered_begin=begin if len(data) else None)
                 try:
-                    # The write proceeds on a pool thread while this one (and the pool) hash the same bytes.
-                    pool = self._owner._executor()
-                    written = pool.submit(self._pwrite, data, len(self._layout.header) + begin, name, start, stop)
-                    try:
-                        if state.hasher is not None:
-                            state.hasher.update(data, executor=pool)
-                    finally:
-                        written.result()
+                    self._pwrite(data, len(self._layout.header) + begin, name, start, stop)
                 except BaseException:
                     state.pending.remove((start, stop))
                     raise
@@ -390,6 +396,8 @@ class StagingTensorFileWriter:
                     state.mark_done(start, stop)
                 if len(data):
                     self._next_byte = begin + len(data)
+                if state.first_missing() is None:
+                    self._hash_behind(state)
             return
         with self._lock:
             self._claim(state, start, stop, ordered_begin=None)
@@ -403,6 +411,33 @@ class StagingTensorFileWriter:
             state.pending.remove((start, stop))
             if stop > start:
                 state.mark_done(start, stop)
+
+    def _hash_behind(self, state: _TensorState) -> None:
+        """Queue the chunks of a completely written tensor for hashing on the pool, read back from the file.
+
+        Writing goes on while earlier tensors hash, so publication runs at the speed of all
+        hash threads together, and the producer may reuse its buffers as soon as a write
+        returns. Each chunk maps only its own bytes, so the mapped memory stays bounded.
+        Called with the lock held.
+        """
+        if state.chunk_hashes is not None:
+            return
+        chunk_bytes = self._owner.chunk_bytes
+        begin = len(self._layout.header) + state.placement.begin
+        length = state.placement.end - state.placement.begin
+        pool = self._owner._executor()
+        starts = range(begin, begin + length, chunk_bytes) if length else range(begin, begin + 1)
+        state.chunk_hashes = [
+            pool.submit(_hash_file_range, self._fd, start, min(chunk_bytes, begin + length - start)) for start in starts
+        ]
+
+    def _drain_hashes(self) -> None:
+        """Wait for every queued chunk hash, so none reads the file after its descriptor closes; never raises."""
+        for state in self._states.values():
+            for future in state.chunk_hashes or ():
+                future.cancel()
+                with contextlib.suppress(BaseException):  # only waiting here; results are read elsewhere
+                    future.exception()
 
     def _claim(self, state: _TensorState, start: int, stop: int, *, ordered_begin: int | None) -> None:
         """Reserve [start, stop) of a tensor for one write, or fail on overlap or order (lock held)."""
@@ -473,6 +508,7 @@ class StagingTensorFileWriter:
                     raise _os_failed(exc, f"fsyncing {self._name}", file=self._name) from exc
                 self._result = self._finish_digests()
             finally:
+                self._drain_hashes()
                 self._release_fd()
 
     def _check_complete(self) -> None:
@@ -495,11 +531,15 @@ class StagingTensorFileWriter:
         header_digest = tree_digest(self._layout.header, chunk_bytes)
         if self._ordered:
             digests = []
-            for placement in self._layout.placements:
-                hasher = self._states[placement.spec.name].hasher
-                if hasher is None:  # pragma: no cover - ordered files always carry hashers
-                    raise AssertionError("ordered file without a hasher")
-                digests.append(hasher.hexdigest())
+            try:
+                for placement in self._layout.placements:
+                    state = self._states[placement.spec.name]
+                    self._hash_behind(state)  # a tensor with no bytes was never written, so never queued
+                    assert state.chunk_hashes is not None
+                    chunk_results = [future.result() for future in state.chunk_hashes]
+                    digests.append(combine_chunk_digests(placement.end - placement.begin, chunk_results))
+            finally:
+                self._drain_hashes()
         else:
             digests = self._hash_from_file()
         entries = tuple(
@@ -556,6 +596,7 @@ class StagingTensorFileWriter:
         """Close the descriptor without checks (abort path); never raises."""
         with self._lock:
             self._closed = True
+            self._drain_hashes()
             self._release_fd()
 
 
