@@ -1,4 +1,4 @@
-"""The `hwr` command: inspect, verify and clean a domain, prewarm a model, and run the demo.
+"""The `hwr` command: inspect, verify and clean a domain, prewarm a model, run the demo and the benchmark.
 
 Thin by design: parse arguments, call the library, print. Tables and progress bars
 for people, `--json` for machines. Exit codes: 0 success, 1 a failure the command
@@ -496,6 +496,65 @@ def _cmd_prewarm(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --------------------------------------------------------------------------- hwr bench
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _default_results_dir() -> Path:
+    """benchmarks/results in a checkout of this project, else the current directory."""
+    checkout = Path("benchmarks") / "results"
+    return checkout if checkout.is_dir() else Path()
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    # The application layer may use the adapters; the core never does (C08).
+    from .diffusion._bench.report import markdown, result_path
+    from .diffusion._bench.runner import BenchOptions, run_bench
+
+    defaults = BenchOptions.quick() if args.quick else BenchOptions()
+    options = dataclasses.replace(
+        defaults,
+        size_gib=args.size if args.size is not None else defaults.size_gib,
+        runs=args.runs if args.runs is not None else defaults.runs,
+        workers=args.workers,
+        cold_starters=args.cold_starters,
+        cold_cache=defaults.cold_cache and not args.no_cold_cache,
+        huge_pages=not args.no_huge_pages,
+        workdir=args.workdir,
+    )
+    out_dir: Path = args.out if args.out is not None else _default_results_dir()
+    if not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is not a directory")
+    console = _stderr()
+    if args.json:
+        report = run_bench(options)
+    else:
+        with console.status("hwr bench: setting up") as status:
+            report = run_bench(options, say=lambda line: status.update(f"hwr bench: {line}"))
+    json_path = result_path(out_dir, ".json")
+    markdown_path = result_path(out_dir, ".md")
+    json_path.write_text(json.dumps(report.data, indent=2) + "\n")
+    text = markdown(report)
+    markdown_path.write_text(text)
+    if args.json:
+        _print_json(report.data)
+    else:
+        from rich.markdown import Markdown
+
+        _stdout().print(Markdown(text))
+        console.print(Text(f"wrote {json_path} and {markdown_path}"))
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------- parser and main
 
 
@@ -571,6 +630,36 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--workers", type=_positive_int, default=3, metavar="N", help="warm worker processes (default 3)")
     add_json(demo)
+
+    bench = add(
+        "bench",
+        _cmd_bench,
+        "time to ready, peak RSS and shared memory of canonical, cold, warm and peer loaders, side by side",
+    )
+    bench.add_argument(
+        "--quick", action="store_true", help="under 3 minutes: 0.25 GiB, 3 runs, hot cache only, fewer memory groups"
+    )
+    bench.add_argument(
+        "--size", type=_positive_float, default=None, metavar="GIB", help="BF16 weights in GiB (default 1)"
+    )
+    bench.add_argument(
+        "--runs", type=_positive_int, default=None, metavar="N", help="fresh processes per figure (default 5)"
+    )
+    bench.add_argument(
+        "--workers", type=_positive_int, default=4, metavar="N", help="concurrent workers for PSS (default 4)"
+    )
+    bench.add_argument(
+        "--cold-starters", type=_positive_int, default=8, metavar="N", help="concurrent cold starters (default 8)"
+    )
+    bench.add_argument("--no-cold-cache", action="store_true", help="skip the page-cache-cold runs")
+    bench.add_argument("--no-huge-pages", action="store_true", help="do not mount a huge-page tmpfs")
+    bench.add_argument(
+        "--workdir", type=Path, default=None, metavar="DIR", help="disk folder for the checkpoint (default /var/tmp)"
+    )
+    bench.add_argument(
+        "--out", type=Path, default=None, metavar="DIR", help="results folder (default benchmarks/results, else .)"
+    )
+    add_json(bench)
     return parser
 
 

@@ -1,0 +1,270 @@
+"""One benchmark run inside one fresh process: load one way, touch every page, read the process's memory.
+
+Every row ends the same way: a diffusers model whose weights are usable, then the same
+touch pass (one byte in every 4 KiB page of every parameter and buffer), so page faults
+and page-table setup count for every row and memory bandwidth counts for none.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...canonical_json import JsonValue
+from ...config import HostWeightRuntimeConfig, RuntimeMode, StorageClass
+from ...runtime import HostWeightRuntime
+from ..loader import LoadedComponent, build_skeleton, load_component
+from .peers import PeerLoad, load_peer, peer_named
+
+__all__ = [
+    "PAGE_BYTES",
+    "LoadKind",
+    "RowSpec",
+    "memory_rollup",
+    "peak_rss",
+    "reset_peak_rss",
+    "run_row",
+    "touch_model",
+]
+
+PAGE_BYTES = 4096
+_MODEL_CLASS = "FluxTransformer2DModel"
+
+
+class LoadKind(str, enum.Enum):
+    """How a row gets its model."""
+
+    CANONICAL = "canonical"  # diffusers from_pretrained(torch_dtype=bfloat16) from the FP32 checkpoint
+    HWR = "hwr"  # load_component through a runtime on a domain
+    PEER = "peer"  # a peer loader reads the final-layout BF16 file, the skeleton assigns its tensors
+
+
+@dataclass(frozen=True, slots=True)
+class RowSpec:
+    """Everything a fresh process needs to load one row's model; crosses the process boundary as JSON."""
+
+    name: str
+    kind: LoadKind
+    pipeline: str
+    subfolder: str
+    root: str | None = None  # HWR: the domain root
+    stream_on_miss: bool = False  # HWR: stream the checkpoint into the artifact on a miss
+    peer: str | None = None  # PEER: the peer's name
+    peer_file: str | None = None  # PEER: the final-layout file it reads
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            "name": self.name,
+            "kind": self.kind.value,
+            "pipeline": self.pipeline,
+            "subfolder": self.subfolder,
+            "root": self.root,
+            "stream_on_miss": self.stream_on_miss,
+            "peer": self.peer,
+            "peer_file": self.peer_file,
+        }
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> RowSpec:
+        return cls(
+            name=str(value["name"]),
+            kind=LoadKind(value["kind"]),
+            pipeline=str(value["pipeline"]),
+            subfolder=str(value["subfolder"]),
+            root=None if value.get("root") is None else str(value["root"]),
+            stream_on_miss=bool(value.get("stream_on_miss", False)),
+            peer=None if value.get("peer") is None else str(value["peer"]),
+            peer_file=None if value.get("peer_file") is None else str(value["peer_file"]),
+        )
+
+
+# --------------------------------------------------------------------------- memory readings
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field} line")
+
+
+def reset_peak_rss() -> None:
+    """Reset this process's VmHWM to its current RSS, so the peak measures this run only (Linux 4.0+)."""
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+
+
+def peak_rss() -> int:
+    """VmHWM in bytes: the most resident memory since the last reset."""
+    return _status_kib("VmHWM") * 1024
+
+
+def memory_rollup(pid: int | str = "self") -> tuple[int, int]:
+    """(RSS, PSS) in bytes of a process, from /proc/<pid>/smaps_rollup."""
+    values: dict[str, int] = {}
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        for line in rollup:
+            name, _, rest = line.partition(":")
+            if name in ("Rss", "Pss"):
+                values[name] = int(rest.split()[0]) * 1024
+    return values["Rss"], values["Pss"]
+
+
+# --------------------------------------------------------------------------- the touch pass
+
+
+def _model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer once (by data pointer), detached."""
+    seen: set[int] = set()
+    tensors: list[torch.Tensor] = []
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        if tensor.numel() == 0 or tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        tensors.append(tensor.detach())
+    return tensors
+
+
+def touch_model(model: torch.nn.Module) -> tuple[int, int]:
+    """Read one byte in every 4 KiB page of every weight and each tensor's last byte.
+
+    Returns (pages read, checksum of the bytes read): rows that loaded the same bytes give
+    the same checksum, a cheap check that no row measured a wrong or partial load.
+    """
+    pages = checksum = 0
+    with torch.inference_mode():
+        for tensor in _model_tensors(model):
+            flat = tensor.reshape(-1).view(torch.uint8)
+            sample = flat[::PAGE_BYTES]
+            checksum += int(sample.sum(dtype=torch.int64)) + int(flat[-1])
+            pages += sample.numel()
+    return pages, checksum
+
+
+# --------------------------------------------------------------------------- the loads
+
+
+def model_class() -> Any:
+    """The diffusers model class, imported before any clock starts, with progress bars and logs quiet.
+
+    Typed Any: diffusers is untyped.
+    """
+    import accelerate  # noqa: F401  (the skeleton needs it; import it outside the timed load)
+    import diffusers
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.set_verbosity_error()
+    diffusers_logging.disable_progress_bar()
+    return getattr(diffusers, _MODEL_CLASS)
+
+
+@dataclass(slots=True)
+class _Loaded:
+    model: torch.nn.Module
+    component: LoadedComponent | None = None
+    peer_load: PeerLoad | None = None
+
+    def close(self) -> None:
+        if self.component is not None:
+            self.component.close()
+        if self.peer_load is not None:
+            self.peer_load.close()
+
+
+def _runtime(root: str) -> HostWeightRuntime:
+    config = HostWeightRuntimeConfig(mode=RuntimeMode.PREFERRED, root=Path(root), storage_class=StorageClass.TMPFS)
+    return HostWeightRuntime(config)
+
+
+def _load(spec: RowSpec, flux_class: Any) -> _Loaded:
+    if spec.kind is LoadKind.CANONICAL:
+        model = flux_class.from_pretrained(spec.pipeline, subfolder=spec.subfolder, torch_dtype=torch.bfloat16)
+        return _Loaded(model)
+    if spec.kind is LoadKind.HWR:
+        if spec.root is None:
+            raise ValueError(f"row {spec.name}: an HWR row needs a domain root")
+        component = load_component(
+            spec.pipeline, subfolder=spec.subfolder, runtime=_runtime(spec.root), stream_on_miss=spec.stream_on_miss
+        )
+        return _Loaded(component.model, component=component)
+    if spec.peer is None or spec.peer_file is None:
+        raise ValueError(f"row {spec.name}: a peer row needs a peer and its file")
+    folder = Path(spec.pipeline) / spec.subfolder
+    model = build_skeleton(flux_class, folder, str(folder))
+    peer_load = load_peer(peer_named(spec.peer), Path(spec.peer_file))
+    try:
+        model.load_state_dict(peer_load.tensors, strict=True, assign=True)
+    except BaseException:
+        peer_load.close()
+        raise
+    return _Loaded(model, peer_load=peer_load)
+
+
+def _component_facts(component: LoadedComponent | None) -> dict[str, JsonValue]:
+    if component is None:
+        return {
+            "outcome": None,
+            "attempts": [],
+            "load_path": "canonical",
+            "publication": None,
+            "publication_ms": None,
+            "failure": None,
+        }
+    publication = component.publication
+    failure = next(
+        (
+            problem
+            for problem in (
+                component.identity_failure,
+                component.restore_failure,
+                None if component.resolution is None else component.resolution.failure,
+                None if publication is None else publication.failure,
+            )
+            if problem is not None
+        ),
+        None,
+    )
+    return {
+        "outcome": None if component.outcome is None else component.outcome.value,
+        "attempts": [] if component.resolution is None else [a.result.value for a in component.resolution.attempts],
+        "load_path": component.load_path.value,
+        "publication": None if publication is None else publication.status.value,
+        "publication_ms": None if publication is None else publication.elapsed_s * 1000.0,
+        "failure": None if failure is None else f"[{failure.code.value}] {failure.message}",
+    }
+
+
+def run_row(spec: RowSpec, flux_class: Any) -> tuple[dict[str, JsonValue], _Loaded]:
+    """Load, touch and measure one row in this process; the caller holds the result until memory is read."""
+    reset_peak_rss()
+    baseline_rss, baseline_pss = memory_rollup()
+    started = time.perf_counter()
+    loaded = _load(spec, flux_class)
+    loaded_at = time.perf_counter()
+    pages, checksum = touch_model(loaded.model)
+    ready_at = time.perf_counter()
+    rss, pss = memory_rollup()
+    row: dict[str, JsonValue] = {
+        "name": spec.name,
+        "pid": os.getpid(),
+        "time_to_ready_ms": (ready_at - started) * 1000.0,
+        "load_ms": (loaded_at - started) * 1000.0,
+        "touch_ms": (ready_at - loaded_at) * 1000.0,
+        "pages": pages,
+        "checksum": checksum,
+        "baseline_rss_bytes": baseline_rss,
+        "baseline_pss_bytes": baseline_pss,
+        "peak_rss_bytes": peak_rss(),
+        "rss_bytes": rss,
+        "pss_bytes": pss,
+        **_component_facts(loaded.component),
+    }
+    return row, loaded

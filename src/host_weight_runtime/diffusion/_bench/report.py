@@ -1,0 +1,136 @@
+"""What people read from a benchmark report: one markdown document (tables, machine, goals) and the output path."""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from .runner import CANONICAL, COLD, HOT, BenchReport
+
+__all__ = ["markdown", "result_path"]
+
+MIB = 1 << 20
+
+
+def result_path(out_dir: Path, suffix: str) -> Path:
+    """`<out_dir>/<date>-<host><suffix>`, the name the benchmark issue asks for."""
+    return out_dir / f"{time.strftime('%Y-%m-%d')}-{platform.node()}{suffix}"
+
+
+def _ms(stats: dict[str, Any]) -> str:
+    return f"{stats['median']:.1f} [{stats['min']:.1f}, {stats['max']:.1f}]"
+
+
+def _mib(stats: dict[str, Any]) -> str:
+    return f"{stats['median'] / MIB:.0f}"
+
+
+def _speedup(canonical_ms: float | None, row_ms: float) -> str:
+    if canonical_ms is None or row_ms <= 0:
+        return "n/a"
+    ratio = canonical_ms / row_ms
+    return f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+
+
+def _rows_table(rows: dict[str, Any], cache: str, memory: bool) -> list[str]:
+    canonical = rows.get(CANONICAL, {}).get(cache)
+    canonical_ms = None if canonical is None else canonical["time_to_ready_ms"]["median"]
+    header = "| row | time to ready, ms: median [min, max] | vs canonical | load / touch ms | peak RSS rise MiB |"
+    rule = "|---|---:|---:|---:|---:|"
+    if memory:
+        header += " 4 workers: PSS sum / weights PSS MiB |"
+        rule += "---:|"
+    lines = [header, rule]
+    for name, entry in rows.items():
+        measured = entry.get(cache)
+        if measured is None:
+            continue
+        ready = measured["time_to_ready_ms"]
+        line = (
+            f"| {name} | {_ms(ready)} | {_speedup(canonical_ms, ready['median'])} | "
+            f"{measured['load_ms']['median']:.1f} / {measured['touch_ms']['median']:.1f} | "
+            f"{_mib(measured['peak_rss_rise_bytes'])} |"
+        )
+        if memory:
+            group = entry.get("memory_group")
+            if group is not None:
+                line += f" {_mib(group['pss_sum_bytes'])} / {_mib(group['weights_pss_sum_bytes'])} |"
+            elif entry.get("cold_start"):
+                line += " n/a (one cold starter per node) |"
+            else:
+                line += " not measured (--quick) |"
+        lines.append(line)
+    return lines
+
+
+def markdown(report: BenchReport) -> str:
+    """The report as a markdown section: machine, model, rows (hot, cold), concurrency, throughput, goals."""
+    data: dict[str, Any] = report.data
+    machine, model, options = data["machine"], data["model"], data["options"]
+    lines = [
+        f"### Results: {data['date']}, {machine['host']}",
+        "",
+        f"{machine['cpus']} CPUs ({machine['cpu']}), {machine['memory_gib']} GiB RAM, Linux {machine['kernel']}, "
+        f"Python {machine['python']}, torch {machine['torch']}, diffusers {machine['diffusers']}, "
+        f"safetensors {machine['safetensors']}, tensorizer {machine['tensorizer']}, "
+        f"runai-model-streamer {machine['runai-model-streamer']}, fastsafetensors {machine['fastsafetensors']}. "
+        f"Checkpoint and peer files on {machine['checkpoint_filesystem']}, domain on "
+        f"{machine['domain_filesystem']} (`/dev/shm`, shmem THP `{machine['shmem_thp']}`). "
+        f"Huge-page tmpfs: {data['huge_pages']['status']} "
+        f"({data['huge_pages']['huge_page_backed_bytes'] / MIB:.0f} MiB of the artifact backed by huge pages).",
+        "",
+        f"FluxTransformer2DModel: {model['checkpoint_bytes'] / MIB:.0f} MiB FP32 checkpoint, "
+        f"{model['artifact_bytes'] / MIB:.0f} MiB final-layout artifact ({model['tensors']} tensors). "
+        f"{options['runs']} runs per figure, each in a fresh process; {options['workers']} concurrent workers "
+        f"for PSS. `hwr bench` took {data['elapsed_s']:.0f} s.",
+        "",
+        "**Page cache hot**",
+        "",
+        *_rows_table(data["rows"], HOT, memory=True),
+    ]
+    if any(COLD in entry for entry in data["rows"].values()):
+        lines += [
+            "",
+            "**Page cache cold** (the row's checkpoint and peer files evicted with `POSIX_FADV_DONTNEED` "
+            "before each run; a tmpfs domain is memory and stays)",
+            "",
+            *_rows_table(data["rows"], COLD, memory=False),
+        ]
+    unavailable = data["unavailable_peers"]
+    if unavailable:
+        lines += ["", "Peers not measured: " + "; ".join(f"{name}: {why}" for name, why in unavailable.items())]
+    concurrent = data["concurrent_cold_starters"]
+    lines += [
+        "",
+        f"**{concurrent['starters']} concurrent cold starters** (streaming producer, one empty domain): wall time "
+        f"{_ms(concurrent['wall_ms'])} ms; producer runs per start: "
+        f"{concurrent['producer_runs']['min']:.0f} to {concurrent['producer_runs']['max']:.0f}; "
+        f"outcomes {', '.join(concurrent['outcomes'])}.",
+    ]
+    throughput = data["throughput"]
+    payload_gib = throughput["payload_bytes"] / (1 << 30)
+
+    def rate(key: str) -> str:
+        stats = throughput[key]
+        spread = f"[{stats['min'] * 1000:.0f}, {stats['max'] * 1000:.0f}]"
+        return f"{stats['median'] * 1000:.0f} ms {spread}, {payload_gib / stats['median']:.2f} GiB/s"
+
+    lines += [
+        "",
+        f"**Throughput** ({payload_gib:.2f} GiB on the domain's filesystem): "
+        f"raw write+fsync {rate('raw_write_fsync_s')}; "
+        f"publication {rate('publish_s')}; single-thread SHA-256 {rate('single_thread_sha256_s')}; "
+        f"FULL_CHECKSUM {rate('full_checksum_s')}.",
+        "",
+        "**Goals** (reported, not asserted)",
+        "",
+        "| goal | measured | target | met |",
+        "|---|---:|---:|---|",
+    ]
+    for goal in data["goals"]:
+        value = "n/a" if goal["value"] is None else f"{goal['value']:.2f}"
+        met = {True: "yes", False: "**no**", None: "n/a"}[goal["met"]]
+        lines.append(f"| {goal['goal']} | {value} | {goal['target']} | {met} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,727 @@
+"""`hwr bench`: every row measured side by side in one run, on one real diffusers Flux transformer.
+
+Setup (in this process): an FP32 Flux checkpoint on disk, an artifact published into a
+`/dev/shm` domain and, where a huge-page tmpfs can be mounted, into a domain there; the
+artifact's final-layout BF16 tensors written in each peer's format on disk, plus a
+safetensors copy on each tmpfs for the bare-mmap-views reference. Then every run is a
+fresh worker process (imports done before it is told to go), measured one at a time,
+except the 4-worker memory groups and the concurrent cold starters, which start together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import select
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from ...canonical_json import JsonValue
+from ...config import HostWeightRuntimeConfig, RuntimeMode, StorageClass
+from ...filesystem._fsutil import remove_tree
+from ...runtime import HostWeightRuntime
+from .._synthetic_models import TRANSFORMER_SUBFOLDER, save_flux_pipeline_folder
+from ..loader import load_component, prewarm_component
+from .measure import LoadKind, RowSpec, memory_rollup
+from .peers import PEERS, Peer, PeerFormat, peer_file_name, peer_unavailable_reason, write_peer_files
+from .throughput import ThroughputSamples, measure_throughput
+from .worker import worker_command
+
+__all__ = ["BenchOptions", "BenchReport", "Stats", "evict_from_page_cache", "run_bench", "unavailable_peers"]
+
+GIB = 1 << 30
+MIB = 1 << 20
+SHM = Path("/dev/shm")
+CANONICAL = "canonical"
+COLD_PUBLISH = "hwr cold: canonical + publish"
+COLD_STREAM = "hwr cold: streaming producer"
+WARM_SHM = "hwr warm: /dev/shm"
+WARM_HUGE = "hwr warm: huge-page tmpfs"
+VIEWS_SHM = "safetensors-mmap-views: /dev/shm"
+VIEWS_HUGE = "safetensors-mmap-views: huge-page tmpfs"
+HOT = "hot"
+_GOAL_MEMORY_ROWS = frozenset({CANONICAL, WARM_SHM, WARM_HUGE, VIEWS_SHM})
+COLD = "cold"
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOptions:
+    """What to measure and how often; `quick` is a smaller model, the same rows."""
+
+    size_gib: float = 1.0
+    runs: int = 5
+    workers: int = 4
+    cold_starters: int = 8
+    cold_cache: bool = True
+    huge_pages: bool = True
+    workdir: Path | None = None
+    timeout_s: float = 600.0
+    all_memory_groups: bool = True  # False: the 4-worker PSS groups only for canonical, warm and bare views
+    cold_starter_runs: int | None = None  # None: `runs`
+
+    def __post_init__(self) -> None:
+        if not 0 < self.size_gib <= 64:
+            raise ValueError(f"--size must be between 0 and 64 GiB of BF16 weights, got {self.size_gib}")
+        if self.runs < 1:
+            raise ValueError(f"--runs must be at least 1, got {self.runs}")
+        if self.workers < 1 or self.cold_starters < 1:
+            raise ValueError("--workers and --cold-starters must be at least 1")
+
+    @classmethod
+    def quick(cls) -> BenchOptions:
+        """Under 3 minutes: a 0.25 GiB model, 3 runs, hot page cache, PSS groups for the goal rows only."""
+        return cls(size_gib=0.25, runs=3, cold_cache=False, all_memory_groups=False, cold_starter_runs=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Median, min and max of one figure over the runs, with the samples."""
+
+    median: float
+    minimum: float
+    maximum: float
+    samples: tuple[float, ...]
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Stats:
+        return cls(statistics.median(samples), min(samples), max(samples), tuple(samples))
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {"median": self.median, "min": self.minimum, "max": self.maximum, "samples": list(self.samples)}
+
+
+@dataclass(frozen=True, slots=True)
+class BenchReport:
+    """Everything one `hwr bench` run measured, as the JSON written to benchmarks/results."""
+
+    data: dict[str, JsonValue] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- worker batches
+
+
+def evict_from_page_cache(paths: Sequence[Path]) -> None:
+    """Drop the clean page-cache pages of these files (POSIX_FADV_DONTNEED), so the next read comes from disk."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+class _Batch:
+    """Fresh worker processes, one per run, started together and all imported before any is told to go."""
+
+    def __init__(self, specs: Sequence[RowSpec], *, hold: bool, log: IO[bytes], timeout_s: float) -> None:
+        self._deadline = time.monotonic() + timeout_s
+        self._processes: list[subprocess.Popen[bytes]] = []
+        self._buffers: list[bytes] = []
+        try:
+            for spec in specs:
+                self._processes.append(
+                    subprocess.Popen(
+                        worker_command(spec, hold=hold), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
+                    )
+                )
+                self._buffers.append(b"")
+            for index in range(len(self._processes)):
+                self._message(index)
+        except BaseException:
+            self.close()
+            raise
+
+    def _message(self, index: int) -> dict[str, Any]:
+        """The next JSON line from worker `index`, within the batch's deadline."""
+        process = self._processes[index]
+        assert process.stdout is not None
+        fd = process.stdout.fileno()
+        while b"\n" not in self._buffers[index]:
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"benchmark worker {process.pid} did not answer before the deadline")
+            readable, _, _ = select.select([fd], [], [], remaining)
+            if readable:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise RuntimeError(f"benchmark worker {process.pid} exited (status {process.wait()}); see its log")
+                self._buffers[index] += chunk
+        line, _, self._buffers[index] = self._buffers[index].partition(b"\n")
+        message: dict[str, Any] = json.loads(line)
+        if "error" in message:
+            raise RuntimeError(f"benchmark run failed:\n{message['error']}")
+        return message
+
+    def _send(self, index: int, word: str) -> None:
+        stdin = self._processes[index].stdin
+        assert stdin is not None
+        stdin.write(word.encode() + b"\n")
+        stdin.flush()
+
+    def go(self, indices: Sequence[int]) -> tuple[list[dict[str, Any]], float]:
+        """Start these workers together; return their rows and the wall time until the last was ready."""
+        started = time.perf_counter()
+        for index in indices:
+            self._send(index, "go")
+        rows = [self._message(index)["row"] for index in indices]
+        return rows, (time.perf_counter() - started) * 1000.0
+
+    def pid(self, index: int) -> int:
+        return self._processes[index].pid
+
+    def release(self, indices: Sequence[int]) -> None:
+        for index in indices:
+            self._send(index, "release")
+
+    def finish(self, indices: Sequence[int]) -> None:
+        """Wait until these workers have exited, so their teardown (unmapping, freeing) never overlaps a run."""
+        for index in indices:
+            process = self._processes[index]
+            if process.stdin is not None and not process.stdin.closed:
+                with contextlib.suppress(BrokenPipeError):
+                    process.stdin.close()
+            try:
+                process.wait(timeout=max(1.0, self._deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+
+    def close(self) -> None:
+        """Wait for every worker to exit (killing any that outlive the deadline)."""
+        self.finish(range(len(self._processes)))
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def _files_under(folder: Path) -> list[Path]:
+    return sorted(path for path in folder.rglob("*") if path.is_file())
+
+
+def _read_through(paths: Sequence[Path]) -> None:
+    """Read every byte once so the page cache is hot."""
+    for path in paths:
+        with path.open("rb") as handle:
+            while handle.read(64 * MIB):
+                pass
+
+
+@contextlib.contextmanager
+def _huge_tmpfs(parent: Path, size_bytes: int, wanted: bool) -> Iterator[tuple[Path | None, str]]:
+    """Mount a tmpfs with huge=always for the run where this process may; yield (mountpoint, what happened)."""
+    if not wanted:
+        yield None, "not asked for (--no-huge-pages)"
+        return
+    if os.geteuid() != 0:
+        yield None, "not mounted: mounting a tmpfs needs root (CAP_SYS_ADMIN); see the README's huge-page section"
+        return
+    mountpoint = parent / "huge-tmpfs"
+    mountpoint.mkdir()
+    options = f"size={size_bytes},huge=always,mode=0700"
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "hwr-bench-huge", str(mountpoint)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        yield None, f"not mounted: mount -o {options} failed: {done.stderr.strip() or done.returncode}"
+        return
+    try:
+        yield mountpoint, f"mounted tmpfs -o {options} at {mountpoint}"
+    finally:
+        subprocess.run(["umount", str(mountpoint)], check=False, capture_output=True)
+
+
+def unavailable_peers(peers: Sequence[Peer]) -> dict[str, str]:
+    """Each peer that cannot be imported here, with the reason: listed in the report, never dropped silently."""
+    return {peer.name: reason for peer in peers if (reason := peer_unavailable_reason(peer)) is not None}
+
+
+def _runtime(root: Path) -> HostWeightRuntime:
+    config = HostWeightRuntimeConfig(mode=RuntimeMode.PREFERRED, root=root, storage_class=StorageClass.TMPFS)
+    return HostWeightRuntime(config)
+
+
+def _final_layout_state_dict(pipeline: Path, root: Path) -> dict[str, torch.Tensor]:
+    """The published artifact's tensors under the model's own state-dict names (a copy, so the lease can close)."""
+    with load_component(pipeline, subfolder=TRANSFORMER_SUBFOLDER, runtime=_runtime(root)) as loaded:
+        if loaded.outcome is None or loaded.outcome.value != "local_hit":
+            raise RuntimeError(f"setup expected a local hit on {root}, got {loaded.summary()}")
+        return {name: tensor.detach().clone() for name, tensor in loaded.model.state_dict().items()}
+
+
+def _huge_page_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("ShmemHugePages:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+# --------------------------------------------------------------------------- the rows
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    spec: RowSpec
+    description: str
+    disk_files: tuple[Path, ...]  # what a cold-cache run evicts first
+    fresh_domain: bool = False  # a cold row: every run gets a new, empty domain
+    memory_group: bool = True  # measured as 4 concurrent held workers too
+    cold_cache: bool = True  # measured with the page cache cold too
+
+
+class _Measurements:
+    """Runs rows in fresh worker processes and keeps every sample."""
+
+    def __init__(self, options: BenchOptions, shm_dir: Path, log: IO[bytes], say: Callable[[str], None]) -> None:
+        self._options = options
+        self._shm_dir = shm_dir
+        self._log = log
+        self._say = say
+        self._fresh = 0
+
+    def _spec_for_run(self, row: _Row) -> RowSpec:
+        """The row's spec, with a new empty domain for a cold row."""
+        if not row.fresh_domain:
+            return row.spec
+        self._fresh += 1
+        return RowSpec(**{**_spec_fields(row.spec), "root": str(self._shm_dir / f"cold-domain-{self._fresh}")})
+
+    def _batch(self, specs: Sequence[RowSpec], *, hold: bool) -> _Batch:
+        return _Batch(specs, hold=hold, log=self._log, timeout_s=self._options.timeout_s)
+
+    def solo(self, row: _Row, cache: str) -> dict[str, Any]:
+        """`runs` fresh processes, measured one at a time (the others wait, imported and idle)."""
+        self._say(f"{cache} cache: {row.spec.name}: starting {self._options.runs} workers")
+        specs = [self._spec_for_run(row) for _ in range(self._options.runs)]
+        rows: list[dict[str, Any]] = []
+        batch = self._batch(specs, hold=False)
+        try:
+            for index, spec in enumerate(specs):
+                self._say(f"{cache} cache: {row.spec.name}: run {index + 1}/{len(specs)}")
+                if cache == COLD:
+                    evict_from_page_cache(row.disk_files)
+                rows.extend(batch.go([index])[0])
+                batch.finish([index])
+                if spec.root is not None and row.fresh_domain:
+                    remove_tree(Path(spec.root))
+        finally:
+            batch.close()
+            for spec in specs:
+                if row.fresh_domain and spec.root is not None:
+                    remove_tree(Path(spec.root))
+        return _summarize_solo(rows)
+
+    def group(self, row: _Row) -> dict[str, JsonValue]:
+        """`workers` fresh processes loading together and holding their models while their PSS is read."""
+        sums: list[float] = []
+        weights: list[float] = []
+        workers = self._options.workers
+        for run in range(self._options.runs):
+            self._say(f"memory: {row.spec.name}: {workers} workers together, run {run + 1}/{self._options.runs}")
+            batch = self._batch([row.spec] * workers, hold=True)
+            try:
+                indices = list(range(workers))
+                rows, _ = batch.go(indices)
+                pss_now = [memory_rollup(batch.pid(index))[1] for index in indices]
+                batch.release(indices)
+            finally:
+                batch.close()
+            sums.append(float(sum(pss_now)))
+            weights.append(
+                float(sum(now - item["baseline_pss_bytes"] for now, item in zip(pss_now, rows, strict=True)))
+            )
+        return {"pss_sum_bytes": Stats.of(sums).to_dict(), "weights_pss_sum_bytes": Stats.of(weights).to_dict()}
+
+    def cold_starters(self, row: _Row) -> dict[str, Any]:
+        """`cold_starters` fresh processes starting together on one empty domain: the producer must run once."""
+        walls: list[float] = []
+        producers: list[float] = []
+        outcomes: set[str] = set()
+        starters = self._options.cold_starters
+        runs = self._options.cold_starter_runs or self._options.runs
+        for run in range(runs):
+            self._say(f"{starters} concurrent cold starters, run {run + 1}/{runs}")
+            spec = self._spec_for_run(row)
+            batch = self._batch([spec] * starters, hold=False)
+            try:
+                rows, wall_ms = batch.go(list(range(starters)))
+            finally:
+                batch.close()
+                if spec.root is not None:
+                    remove_tree(Path(spec.root))
+            walls.append(wall_ms)
+            producers.append(float(sum(1 for item in rows if "built" in item["attempts"])))
+            outcomes.update(f"{item['outcome']} ({'+'.join(item['attempts'])})" for item in rows)
+        return {
+            "starters": starters,
+            "wall_ms": Stats.of(walls).to_dict(),
+            "producer_runs": Stats.of(producers).to_dict(),
+            "outcomes": sorted(outcomes),
+        }
+
+
+def _spec_fields(spec: RowSpec) -> dict[str, Any]:
+    return {name: getattr(spec, name) for name in RowSpec.__slots__}
+
+
+def _summarize_solo(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def stats(key: str) -> dict[str, JsonValue]:
+        return Stats.of([float(row[key]) for row in rows]).to_dict()
+
+    return {
+        "time_to_ready_ms": stats("time_to_ready_ms"),
+        "load_ms": stats("load_ms"),
+        "touch_ms": stats("touch_ms"),
+        "peak_rss_bytes": stats("peak_rss_bytes"),
+        "peak_rss_rise_bytes": Stats.of([float(r["peak_rss_bytes"] - r["baseline_rss_bytes"]) for r in rows]).to_dict(),
+        "pages": sorted({int(row["pages"]) for row in rows}),
+        "checksums": sorted({int(row["checksum"]) for row in rows}),
+        "outcomes": sorted({str(row["outcome"]) for row in rows}),
+        "publications": sorted({str(row["publication"]) for row in rows}),
+        "failures": sorted({str(row["failure"]) for row in rows if row["failure"] is not None}),
+        "publication_ms": None
+        if any(row["publication_ms"] is None for row in rows)
+        else Stats.of([float(row["publication_ms"]) for row in rows]).to_dict(),
+    }
+
+
+# --------------------------------------------------------------------------- machine description
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.partition(":")[2].strip()
+    return platform.processor() or "unknown"
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _filesystem(path: Path) -> str:
+    done = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True, check=False)
+    return done.stdout.strip() or "unknown"
+
+
+def _machine(disk_dir: Path) -> dict[str, JsonValue]:
+    memory_kib = next(
+        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:")
+    )
+    shmem_thp = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+    return {
+        "host": platform.node(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "memory_gib": round(memory_kib / (1 << 20), 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "diffusers": _version("diffusers"),
+        "safetensors": _version("safetensors"),
+        "tensorizer": _version("tensorizer"),
+        "runai-model-streamer": _version("runai-model-streamer"),
+        "fastsafetensors": _version("fastsafetensors"),
+        "checkpoint_filesystem": _filesystem(disk_dir),
+        "domain_filesystem": _filesystem(SHM),
+        "shmem_thp": shmem_thp.read_text().strip() if shmem_thp.exists() else None,
+    }
+
+
+# --------------------------------------------------------------------------- the whole run
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return None if denominator <= 0 else numerator / denominator
+
+
+def _median(section: JsonValue, key: str) -> float:
+    assert isinstance(section, dict)
+    value = section[key]
+    assert isinstance(value, dict)
+    median = value["median"]
+    assert isinstance(median, float)
+    return median
+
+
+def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: None) -> BenchReport:
+    """Build, measure every row and figure, clean up; return the report (nothing is written here)."""
+    started = time.perf_counter()
+    if not SHM.is_dir() or not os.access(SHM, os.W_OK):
+        raise ValueError(f"{SHM} is missing or not writable; the benchmark's domain lives on that tmpfs")
+    disk_parent = options.workdir if options.workdir is not None else Path("/var/tmp")
+    if not disk_parent.is_dir():
+        raise ValueError(f"--workdir {disk_parent} is not a directory")
+    bf16_bytes = int(options.size_gib * GIB)
+    with contextlib.ExitStack() as cleanup:
+        disk_dir = Path(tempfile.mkdtemp(prefix="hwr-bench-", dir=disk_parent))
+        cleanup.callback(remove_tree, disk_dir)
+        shm_dir = Path(tempfile.mkdtemp(prefix="hwr-bench-", dir=SHM))
+        cleanup.callback(remove_tree, shm_dir)
+
+        pipeline = disk_dir / "pipeline"
+        say(f"setup: writing a {2 * bf16_bytes / GIB:.2f} GiB FP32 Flux checkpoint to {pipeline}")
+        save_flux_pipeline_folder(pipeline, target_bytes=2 * bf16_bytes, seed=0)
+        checkpoint_files = _files_under(pipeline / TRANSFORMER_SUBFOLDER)
+        for path in checkpoint_files:
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+        checkpoint_bytes = sum(path.stat().st_size for path in checkpoint_files)
+
+        warm_root = shm_dir / "domain"
+        say(f"setup: publishing the artifact into {warm_root}")
+        prewarm = prewarm_component(pipeline, subfolder=TRANSFORMER_SUBFOLDER, runtime=_runtime(warm_root))
+        huge_mount, huge_status = cleanup.enter_context(
+            _huge_tmpfs(disk_dir, 2 * prewarm.total_bytes + 256 * MIB, options.huge_pages)
+        )
+        say(f"setup: huge-page tmpfs {huge_status}")
+        huge_root = None if huge_mount is None else huge_mount / "domain"
+        huge_bytes_before = _huge_page_bytes()
+        if huge_root is not None:
+            prewarm_component(pipeline, subfolder=TRANSFORMER_SUBFOLDER, runtime=_runtime(huge_root))
+        huge_page_backed = _huge_page_bytes() - huge_bytes_before
+
+        say("setup: writing the final-layout BF16 tensors in each peer's format")
+        state_dict = _final_layout_state_dict(pipeline, warm_root)
+        peer_dir = disk_dir / "peers"
+        peer_dir.mkdir()
+        worker_log = cleanup.enter_context((disk_dir / "workers.log").open("wb"))
+        unavailable_reasons = unavailable_peers(PEERS)
+        formats = {peer.file_format for peer in PEERS if peer.name not in unavailable_reasons}
+        peer_files = write_peer_files(state_dict, peer_dir, sorted(formats, key=lambda f: f.value))
+        views_shm = shm_dir / "views"
+        views_shm.mkdir()
+        shutil.copyfile(peer_files[PeerFormat.SAFETENSORS], views_shm / peer_file_name(PeerFormat.SAFETENSORS))
+        views_huge: Path | None = None
+        if huge_mount is not None:
+            views_huge = huge_mount / "views"
+            views_huge.mkdir()
+            shutil.copyfile(peer_files[PeerFormat.SAFETENSORS], views_huge / peer_file_name(PeerFormat.SAFETENSORS))
+        del state_dict
+        _read_through(checkpoint_files + list(peer_files.values()))
+
+        def spec(name: str, kind: LoadKind, **extra: Any) -> RowSpec:
+            return RowSpec(name=name, kind=kind, pipeline=str(pipeline), subfolder=TRANSFORMER_SUBFOLDER, **extra)
+
+        checkpoint = tuple(checkpoint_files)
+        rows: list[_Row] = [
+            _Row(
+                spec(CANONICAL, LoadKind.CANONICAL),
+                "diffusers from_pretrained(torch_dtype=bfloat16), FP32 checkpoint",
+                checkpoint,
+            ),
+            _Row(
+                spec(COLD_PUBLISH, LoadKind.HWR, root=""),
+                "load_component on an empty domain: canonical load, then publication (first worker on a node)",
+                checkpoint,
+                fresh_domain=True,
+                memory_group=False,
+            ),
+            _Row(
+                spec(COLD_STREAM, LoadKind.HWR, root="", stream_on_miss=True),
+                "load_component(stream_on_miss=True) on an empty domain: streaming producer, then restore",
+                checkpoint,
+                fresh_domain=True,
+                memory_group=False,
+            ),
+            _Row(
+                spec(WARM_SHM, LoadKind.HWR, root=str(warm_root)), "load_component hit, zero-copy restore", checkpoint
+            ),
+        ]
+        if huge_root is not None:
+            rows.append(
+                _Row(
+                    spec(WARM_HUGE, LoadKind.HWR, root=str(huge_root)),
+                    "load_component hit on a tmpfs mounted huge=always",
+                    checkpoint,
+                    cold_cache=False,
+                )
+            )
+        views_file = str(views_shm / peer_file_name(PeerFormat.SAFETENSORS))
+        rows.append(
+            _Row(
+                spec(VIEWS_SHM, LoadKind.PEER, peer="safetensors-mmap-views", peer_file=views_file),
+                "bare zero-copy mmap views of the same bytes on the same tmpfs, assigned into the skeleton",
+                (),
+                cold_cache=False,
+            )
+        )
+        if views_huge is not None:
+            rows.append(
+                _Row(
+                    spec(
+                        VIEWS_HUGE,
+                        LoadKind.PEER,
+                        peer="safetensors-mmap-views",
+                        peer_file=str(views_huge / peer_file_name(PeerFormat.SAFETENSORS)),
+                    ),
+                    "bare zero-copy mmap views on the huge-page tmpfs",
+                    (),
+                    cold_cache=False,
+                )
+            )
+        unavailable: dict[str, JsonValue] = {}
+        for peer in PEERS:
+            if peer.name in unavailable_reasons:
+                unavailable[peer.name] = unavailable_reasons[peer.name]
+                continue
+            path = peer_files[peer.file_format]
+            rows.append(
+                _Row(
+                    spec(peer.name, LoadKind.PEER, peer=peer.name, peer_file=str(path)),
+                    f"{peer.description} (file on {_filesystem(path)}), assigned into the skeleton",
+                    (path, *checkpoint),
+                )
+            )
+
+        measurements = _Measurements(options, shm_dir, worker_log, say)
+        results: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            entry: dict[str, Any] = {
+                "description": row.description,
+                "cold_start": row.fresh_domain,
+                HOT: measurements.solo(row, HOT),
+            }
+            if row.memory_group and (options.all_memory_groups or row.spec.name in _GOAL_MEMORY_ROWS):
+                entry["memory_group"] = measurements.group(row)
+            results[row.spec.name] = entry
+        if options.cold_cache:
+            for row in rows:
+                if row.cold_cache:
+                    results[row.spec.name][COLD] = measurements.solo(row, COLD)
+        stream_row = next(row for row in rows if row.spec.name == COLD_STREAM)
+        concurrent = measurements.cold_starters(stream_row)
+
+        say("throughput: publication vs raw write+fsync, FULL_CHECKSUM vs single-thread SHA-256")
+        throughput = measure_throughput(shm_dir, min(bf16_bytes, prewarm.total_bytes), options.runs)
+        elapsed = time.perf_counter() - started
+        data: dict[str, Any] = {
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": _machine(disk_dir),
+            "options": {
+                "size_gib": options.size_gib,
+                "runs": options.runs,
+                "workers": options.workers,
+                "cold_starters": options.cold_starters,
+                "cold_cache": options.cold_cache,
+            },
+            "model": {
+                "class": "FluxTransformer2DModel",
+                "checkpoint_bytes": checkpoint_bytes,
+                "artifact_bytes": prewarm.total_bytes,
+                "tensors": prewarm.tensor_count,
+            },
+            "huge_pages": {"status": huge_status, "huge_page_backed_bytes": huge_page_backed},
+            "unavailable_peers": unavailable,
+            "rows": results,
+            "concurrent_cold_starters": concurrent,
+            "throughput": _throughput_dict(throughput),
+            "elapsed_s": elapsed,
+        }
+        data["goals"] = _goals(data)
+        return BenchReport(data)
+
+
+def _throughput_dict(samples: ThroughputSamples) -> dict[str, JsonValue]:
+    raw = Stats.of(samples.raw_write_fsync_s)
+    publish = Stats.of(samples.publish_s)
+    sha = Stats.of(samples.single_thread_sha256_s)
+    full = Stats.of(samples.full_checksum_s)
+    return {
+        "payload_bytes": samples.payload_bytes,
+        "raw_write_fsync_s": raw.to_dict(),
+        "publish_s": publish.to_dict(),
+        "single_thread_sha256_s": sha.to_dict(),
+        "full_checksum_s": full.to_dict(),
+        "publication_vs_raw": _ratio(raw.median, publish.median),
+        "publication_vs_raw_best": _ratio(raw.minimum, publish.minimum),
+        "full_checksum_vs_sha256": _ratio(sha.median, full.median),
+    }
+
+
+def _goals(data: dict[str, JsonValue]) -> list[JsonValue]:
+    """Each goal of the benchmark issue with the measured ratio and whether it was met (reported, never asserted)."""
+    rows = data["rows"]
+    assert isinstance(rows, dict)
+
+    def ready(name: str, cache: str = HOT) -> float | None:
+        entry = rows.get(name)
+        if not isinstance(entry, dict) or cache not in entry:
+            return None
+        return _median(entry[cache], "time_to_ready_ms")
+
+    goals: list[JsonValue] = []
+
+    def goal(text: str, value: float | None, target: float, higher_is_better: bool = True) -> None:
+        met = None if value is None else (value >= target if higher_is_better else value <= target)
+        goals.append({"goal": text, "value": value, "target": target, "met": met})
+
+    canonical = ready(CANONICAL)
+    warm = ready(WARM_SHM)
+    huge = ready(WARM_HUGE)
+    if canonical is not None:
+        goal("warm on /dev/shm: x faster than canonical", None if warm is None else _ratio(canonical, warm), 20.0)
+        goal(
+            "warm on huge-page tmpfs: x faster than canonical", None if huge is None else _ratio(canonical, huge), 50.0
+        )
+        cold = ready(COLD_PUBLISH)
+        goal("cold (canonical + publish): x canonical", None if cold is None else _ratio(cold, canonical), 1.3, False)
+        stream = ready(COLD_STREAM)
+        goal(
+            "cold (streaming producer): x canonical", None if stream is None else _ratio(stream, canonical), 1.3, False
+        )
+    if warm is not None:
+        for peer in ("tensorizer", "runai-model-streamer", "fastsafetensors"):
+            value = ready(peer)
+            goal(f"warm x faster than {peer}", None if value is None else _ratio(value, warm), 5.0)
+        views = ready(VIEWS_SHM)
+        goal(
+            "warm / bare safetensors mmap views (same tmpfs)",
+            None if views is None else _ratio(warm, views),
+            1.25,
+            False,
+        )
+    if huge is not None:
+        views_huge = ready(VIEWS_HUGE)
+        goal(
+            "warm / bare safetensors mmap views (huge-page tmpfs)",
+            None if views_huge is None else _ratio(huge, views_huge),
+            1.25,
+            False,
+        )
+    model = data["model"]
+    assert isinstance(model, dict)
+    artifact = model["artifact_bytes"]
+    assert isinstance(artifact, int)
+    for name in (WARM_SHM, WARM_HUGE):
+        entry = rows.get(name)
+        if isinstance(entry, dict) and "memory_group" in entry:
+            weights = _median(entry["memory_group"], "weights_pss_sum_bytes")
+            goal(f"{name}: 4 workers' weight PSS / one artifact", weights / artifact, 1.2, False)
+    throughput = data["throughput"]
+    assert isinstance(throughput, dict)
+    publication = throughput["publication_vs_raw"]
+    full = throughput["full_checksum_vs_sha256"]
+    goal("publication throughput / raw write+fsync", publication if isinstance(publication, float) else None, 0.8)
+    goal("FULL_CHECKSUM throughput / single-thread SHA-256", full if isinstance(full, float) else None, 2.0)
+    return goals

@@ -1,0 +1,220 @@
+"""Publication and verification throughput, each next to the floor it cannot beat, on the same bytes.
+
+Publication (`get_or_build` with a streaming producer: write, hash, manifest, READY,
+fsyncs, rename) runs next to a raw `pwrite` + `fsync` of exactly the payload bytes to
+the same filesystem; FULL_CHECKSUM verification runs next to single-thread SHA-256 of
+the same payload files. Raw and store runs alternate which goes first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ...config import StorageClass
+from ...filesystem._fsutil import remove_tree
+from ...filesystem.store import FilesystemHostWeightStore
+from ...identity import (
+    IDENTITY_SCHEMA_VERSION,
+    AdaptationIdentity,
+    ComponentIdentity,
+    ProducerIdentity,
+    RuntimeWeightLayout,
+    WeightArtifactIdentity,
+    WeightRepresentation,
+    WeightSourceIdentity,
+)
+from ...outcomes import StoreStatus
+from ...protocols import (
+    ArtifactWriter,
+    BuildRequest,
+    LookupPhase,
+    ProductionMetadata,
+    ProductionSourceMode,
+    TensorWriteSpec,
+    WeightProductionSpec,
+)
+from ...tensors import ValidationLevel
+
+__all__ = ["ThroughputSamples", "measure_throughput"]
+
+_TENSOR_BYTES = 16 << 20
+_FILES = 2
+_MANIFEST_SCHEMA = "bench-manifest-v1"
+_RESTORER_SCHEMA = "bench-restorer-v1"
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputSamples:
+    """Seconds per run for each measurement, over the same `payload_bytes`."""
+
+    payload_bytes: int
+    raw_write_fsync_s: tuple[float, ...]
+    publish_s: tuple[float, ...]
+    single_thread_sha256_s: tuple[float, ...]
+    full_checksum_s: tuple[float, ...]
+
+
+def _identity(payload_bytes: int, run: int) -> WeightArtifactIdentity:
+    return WeightArtifactIdentity(
+        schema_version=IDENTITY_SCHEMA_VERSION,
+        source=WeightSourceIdentity(
+            model_id=f"bench/throughput-{payload_bytes}", revision=str(run), fingerprint="0" * 64
+        ),
+        component=ComponentIdentity(name="transformer", ownership="complete"),
+        representation=WeightRepresentation(name="bench", dtype="torch.bfloat16"),
+        layout=RuntimeWeightLayout(name="bench"),
+        adaptation=AdaptationIdentity(),
+        producer=ProducerIdentity(
+            producer_id="bench-throughput",
+            version="1",
+            implementation_fingerprint="1" * 64,
+            manifest_schema=_MANIFEST_SCHEMA,
+            restorer_schema=_RESTORER_SCHEMA,
+        ),
+    )
+
+
+def _tensors(payload_bytes: int) -> dict[str, torch.Tensor]:
+    """Random BF16 bit patterns (incompressible, like trained weights), 16 MiB each."""
+    generator = torch.Generator().manual_seed(0)
+    count = max(1, payload_bytes // _TENSOR_BYTES)
+    return {
+        f"blocks.{index}.weight": torch.randint(
+            -32768, 32767, (_TENSOR_BYTES // 2 // 4096, 4096), dtype=torch.int16, generator=generator
+        ).view(torch.bfloat16)
+        for index in range(count)
+    }
+
+
+class _Producer:
+    """Writes pre-generated tensors through the store's writer, in the writer's layout order."""
+
+    def __init__(self, identity: WeightArtifactIdentity, tensors: dict[str, torch.Tensor]) -> None:
+        self._tensors = tensors
+        self._spec = WeightProductionSpec(
+            producer_id="bench-throughput",
+            outputs=(identity,),
+            source_mode=ProductionSourceMode.CHECKPOINT_STREAM,
+            lookup_phase=LookupPhase.PRE_LOAD_SAFE,
+        )
+
+    @property
+    def spec(self) -> WeightProductionSpec:
+        return self._spec
+
+    def produce(self, writer: ArtifactWriter) -> ProductionMetadata:
+        names = list(self._tensors)
+        for index in range(_FILES):
+            group = names[index::_FILES]
+            specs = tuple(TensorWriteSpec(n, tuple(self._tensors[n].shape), self._tensors[n].dtype) for n in group)
+            file_writer = writer.open_tensor_file(f"model-{index:05d}.safetensors", specs, ordered=True)
+            for spec in getattr(file_writer, "layout", specs):
+                file_writer.write_tensor(spec.name, self._tensors[spec.name])
+            file_writer.close()
+        return ProductionMetadata(_MANIFEST_SCHEMA, _RESTORER_SCHEMA)
+
+
+def _raw_write(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """posix_fallocate + pwrite + fsync of exactly the payload bytes, in as many files as publication writes."""
+    names = list(tensors)
+    paths = [directory / f"raw-{index}.bin" for index in range(_FILES)]
+    for index, path in enumerate(paths):
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        try:
+            group = names[index::_FILES]
+            os.posix_fallocate(fd, 0, sum(tensors[n].numel() * tensors[n].element_size() for n in group))
+            offset = 0
+            for name in group:
+                view = memoryview(tensors[name].reshape(-1).view(torch.uint8).numpy().data)
+                while view:
+                    written = os.pwrite(fd, view, offset)
+                    offset += written
+                    view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for path in paths:
+        path.unlink()
+
+
+def _timed(action: Callable[[], None]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def measure_throughput(workdir: Path, payload_bytes: int, runs: int) -> ThroughputSamples:
+    """Run each measurement `runs` times on a fresh domain under `workdir` (removed afterwards)."""
+    tensors = _tensors(payload_bytes)
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    domain_root = workdir / "throughput-domain"
+    raw_dir = workdir / "throughput-raw"
+    raw_dir.mkdir()
+    try:
+        store = FilesystemHostWeightStore(domain_root, storage_class=StorageClass.AUTO)
+        raw_s: list[float] = []
+        publish_s: list[float] = []
+        for run in range(runs):
+            identity = _identity(total, run)
+
+            def publish(identity: WeightArtifactIdentity = identity) -> None:
+                result = store.get_or_build(
+                    BuildRequest(identity),
+                    _Producer(identity, tensors),
+                    validation=ValidationLevel.MANIFEST_AND_METADATA,
+                    deadline=time.monotonic() + 600,
+                )
+                if result.status is not StoreStatus.BUILT or result.lease is None:
+                    raise RuntimeError(f"publication failed: {result.failure}")
+                result.lease.close()
+
+            def raw() -> None:
+                _raw_write(raw_dir, tensors)
+
+            first, second = (raw, publish) if run % 2 == 0 else (publish, raw)
+            first_s, second_s = _timed(first), _timed(second)
+            raw_s.append(first_s if first is raw else second_s)
+            publish_s.append(second_s if first is raw else first_s)
+            if run:
+                store.cleanup(identity.key)
+        identity = _identity(total, 0)
+        payload_files = sorted(store.layout.artifact_dir(identity.key).glob("*.safetensors"))
+        sha_s: list[float] = []
+        full_s: list[float] = []
+        for run in range(runs):
+
+            def full_checksum() -> None:
+                result = store.lookup(identity, validation=ValidationLevel.FULL_CHECKSUM)
+                if result.lease is None:
+                    raise RuntimeError(f"FULL_CHECKSUM lookup failed: {result.failure}")
+                result.lease.close()
+
+            def single_thread_sha256() -> None:
+                for path in payload_files:
+                    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                        hashlib.sha256(mapped).digest()
+
+            first, second = (
+                (single_thread_sha256, full_checksum) if run % 2 == 0 else (full_checksum, single_thread_sha256)
+            )
+            first_s, second_s = _timed(first), _timed(second)
+            sha_s.append(first_s if first is single_thread_sha256 else second_s)
+            full_s.append(second_s if first is single_thread_sha256 else first_s)
+        return ThroughputSamples(
+            payload_bytes=total,
+            raw_write_fsync_s=tuple(raw_s),
+            publish_s=tuple(publish_s),
+            single_thread_sha256_s=tuple(sha_s),
+            full_checksum_s=tuple(full_s),
+        )
+    finally:
+        remove_tree(domain_root)
+        remove_tree(raw_dir)

@@ -1,0 +1,69 @@
+"""One benchmark worker: a fresh interpreter that imports what its row needs, then runs the row once when told.
+
+Imports are off the clock: the runner starts a batch of workers, waits until every one
+says `ready`, and only then sends `go` (to one, or to a whole group at once), so no
+import competes with a measured run for the CPUs. Each worker measures exactly one run
+and exits: every run is a fresh process with nothing loaded.
+
+Protocol, one JSON object per line: the worker writes `{"ready": true}`, reads `go`,
+writes `{"row": ...}` (or `{"error": ...}`), and when held reads `release` before it
+drops its model and exits. Its fd 1 points at stderr, so stray prints cannot corrupt
+the protocol, which runs on a duplicate of the original stdout.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from .measure import LoadKind, RowSpec, model_class, run_row
+from .peers import peer_named
+
+__all__ = ["main", "worker_command"]
+
+
+def worker_command(spec: RowSpec, *, hold: bool) -> list[str]:
+    """The command line of a worker for one run of `spec`."""
+    arguments = [sys.executable, "-m", "host_weight_runtime.diffusion._bench.worker", json.dumps(spec.to_dict())]
+    return [*arguments, "--hold"] if hold else arguments
+
+
+def _preload(spec: RowSpec) -> object:
+    """Import everything the row uses, so the timed load pays no import."""
+    flux_class = model_class()
+    if spec.kind is LoadKind.PEER and spec.peer is not None:
+        importlib.import_module("safetensors.torch")
+        importlib.import_module(peer_named(spec.peer).requirement)
+    return flux_class
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one row once, as the runner directs over stdin and stdout."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    hold = "--hold" in arguments
+    spec = RowSpec.from_dict(json.loads(next(argument for argument in arguments if argument != "--hold")))
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    flux_class = _preload(spec)
+    replies.write(json.dumps({"ready": True}) + "\n")
+    if sys.stdin.readline().strip() != "go":
+        return 1
+    loaded = None
+    try:
+        row, loaded = run_row(spec, flux_class)
+        replies.write(json.dumps({"row": row}) + "\n")
+    except Exception:
+        replies.write(json.dumps({"error": f"{spec.name}: {traceback.format_exc(limit=8)}"}) + "\n")
+        return 1
+    if hold:
+        sys.stdin.readline()
+    loaded.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""`hwr bench`: the harness measures what it claims (it never asserts a speed; benchmarks/ reports those)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from host_weight_runtime.cli import main
+from host_weight_runtime.diffusion._bench.measure import PAGE_BYTES, LoadKind, RowSpec, touch_model
+from host_weight_runtime.diffusion._bench.peers import PEERS, Peer, PeerFormat
+from host_weight_runtime.diffusion._bench.report import markdown
+from host_weight_runtime.diffusion._bench.runner import (
+    CANONICAL,
+    COLD_PUBLISH,
+    COLD_STREAM,
+    VIEWS_SHM,
+    WARM_SHM,
+    BenchReport,
+    _Batch,
+    _goals,
+    _huge_tmpfs,
+    evict_from_page_cache,
+    unavailable_peers,
+)
+from host_weight_runtime.diffusion._synthetic_models import build_model
+
+MIB = 1 << 20
+
+
+def _resident_pages(path: Path) -> int:
+    """How many of the file's pages are in the page cache (mincore on a read-only mapping)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = path.stat().st_size
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    with path.open("rb") as handle, mmap.mmap(handle.fileno(), size, prot=mmap.PROT_READ) as mapping:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # frombuffer warns that the buffer is not writable
+            view = torch.frombuffer(mapping, dtype=torch.uint8)
+        vector = (ctypes.c_ubyte * pages)()
+        status = libc.mincore(ctypes.c_void_p(view.data_ptr()), ctypes.c_size_t(size), vector)
+        del view
+        if status != 0:
+            raise OSError(ctypes.get_errno(), "mincore failed")
+        return sum(byte & 1 for byte in vector)
+
+
+def test_touch_reads_one_byte_per_page_and_its_checksum_sees_a_changed_byte() -> None:
+    """Every row pays the same touch pass: one read per 4 KiB page; rows with other bytes get another checksum."""
+    model = build_model("flux", seed=0).to(torch.bfloat16)
+    expected_pages = sum(
+        -(-tensor.numel() * tensor.element_size() // PAGE_BYTES)
+        for tensor in {t.data_ptr(): t for t in [*model.parameters(), *model.buffers()] if t.numel()}.values()
+    )
+    pages, checksum = touch_model(model)
+    assert pages == expected_pages
+    same = build_model("flux", seed=0).to(torch.bfloat16)
+    assert touch_model(same) == (pages, checksum)
+    with torch.no_grad():
+        weight = next(same.parameters())
+        weight.view(-1).view(torch.uint8)[0] ^= 0x01  # byte 0 of a tensor is always sampled
+    assert touch_model(same)[1] != checksum
+
+
+def test_eviction_drops_a_disk_files_pages_from_the_page_cache() -> None:
+    """Cold-cache runs start from disk: POSIX_FADV_DONTNEED leaves none of the file's pages resident."""
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as folder:
+        path = Path(folder) / "weights.bin"
+        path.write_bytes(bytes(range(256)) * (4 * MIB // 256))
+        path.read_bytes()
+        assert _resident_pages(path) > 0
+        evict_from_page_cache([path])
+        assert _resident_pages(path) == 0
+
+
+def test_huge_page_tmpfs_is_mounted_and_unmounted_or_the_reason_is_given(tmp_path: Path) -> None:
+    """The benchmark mounts a huge=always tmpfs where it may, and says why where it may not."""
+    with _huge_tmpfs(tmp_path, 64 * MIB, wanted=True) as (mountpoint, status):
+        mounts = Path("/proc/mounts").read_text()
+        if mountpoint is None:
+            assert status.startswith("not mounted")
+        else:
+            line = next(line for line in mounts.splitlines() if line.split()[1] == str(mountpoint))
+            assert line.split()[2] == "tmpfs" and "huge=always" in line
+    if mountpoint is not None:
+        assert str(mountpoint) not in Path("/proc/mounts").read_text()
+    with _huge_tmpfs(tmp_path, 64 * MIB, wanted=False) as (nothing, status):
+        assert nothing is None and "not asked for" in status
+
+
+def test_a_peer_that_cannot_be_imported_is_listed_with_its_reason() -> None:
+    """A missing peer is reported with why, never dropped silently; the installed ones are measured."""
+    missing = Peer("nowhere", PeerFormat.SAFETENSORS, copies=True, requirement="no_such_module_xyz", description="-")
+    reasons = unavailable_peers([*PEERS, missing])
+    assert set(reasons) == {"nowhere"}
+    assert "no_such_module_xyz" in reasons["nowhere"]
+
+
+def test_a_failing_run_reports_the_worker_traceback(tmp_path: Path) -> None:
+    """A worker that cannot load says why; the runner raises with the worker's own error text."""
+    pipeline = tmp_path / "no-pipeline"
+    spec = RowSpec(
+        name="broken",
+        kind=LoadKind.PEER,
+        pipeline=str(pipeline),
+        subfolder="transformer",
+        peer="safetensors-mmap-views",
+        peer_file=str(tmp_path / "missing.safetensors"),
+    )
+    with (tmp_path / "workers.log").open("wb") as log:
+        batch = _Batch([spec], hold=False, log=log, timeout_s=300)
+        try:
+            with pytest.raises(RuntimeError, match="broken"):
+                batch.go([0])
+        finally:
+            batch.close()
+
+
+def _stats(median: float) -> dict[str, Any]:
+    return {"median": median, "min": median, "max": median, "samples": [median]}
+
+
+def _row(ready_ms: float) -> dict[str, Any]:
+    return {
+        "time_to_ready_ms": _stats(ready_ms),
+        "load_ms": _stats(ready_ms - 1),
+        "touch_ms": _stats(1.0),
+        "peak_rss_rise_bytes": _stats(float(MIB)),
+    }
+
+
+def test_goals_compare_each_measured_ratio_with_its_target() -> None:
+    """Goals are reported with the measured ratio and met/not met, in the right direction for each."""
+    data: dict[str, Any] = {
+        "rows": {
+            CANONICAL: {"hot": _row(400.0)},
+            COLD_PUBLISH: {"hot": _row(600.0)},
+            COLD_STREAM: {"hot": _row(480.0)},
+            WARM_SHM: {"hot": _row(40.0), "memory_group": {"weights_pss_sum_bytes": _stats(110.0 * MIB)}},
+            VIEWS_SHM: {"hot": _row(35.0)},
+            "tensorizer": {"hot": _row(300.0)},
+        },
+        "model": {"artifact_bytes": 100 * MIB},
+        "throughput": {"publication_vs_raw": 0.9, "full_checksum_vs_sha256": 1.5},
+    }
+    goals = {goal["goal"]: goal for goal in _goals(data)}
+    assert goals["warm on /dev/shm: x faster than canonical"]["value"] == pytest.approx(10.0)
+    assert goals["warm on /dev/shm: x faster than canonical"]["met"] is False
+    assert goals["cold (canonical + publish): x canonical"]["met"] is False  # 1.5 > 1.3
+    assert goals["cold (streaming producer): x canonical"]["met"] is True  # 1.2 <= 1.3
+    assert goals["warm x faster than tensorizer"]["met"] is True  # 7.5 >= 5
+    assert goals["warm x faster than fastsafetensors"]["value"] is None  # not measured: no verdict
+    assert goals["warm / bare safetensors mmap views (same tmpfs)"]["met"] is True  # 1.14 <= 1.25
+    assert goals[f"{WARM_SHM}: 4 workers' weight PSS / one artifact"]["value"] == pytest.approx(1.1)
+    assert goals["publication throughput / raw write+fsync"]["met"] is True
+    assert goals["FULL_CHECKSUM throughput / single-thread SHA-256"]["met"] is False
+    assert "warm on huge-page tmpfs: x faster than canonical" in goals  # reported even when not measured
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
+    out = tmp_path_factory.mktemp("bench-results")
+    status = main(
+        [
+            "bench",
+            "--size",
+            "0.05",
+            "--runs",
+            "1",
+            "--workers",
+            "2",
+            "--cold-starters",
+            "3",
+            "--no-cold-cache",
+            "--no-huge-pages",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
+    return status, out
+
+
+def _report(out: Path) -> dict[str, Any]:
+    (json_file,) = out.glob("*.json")
+    data: dict[str, Any] = json.loads(json_file.read_text())
+    return data
+
+
+def test_bench_measures_every_row_on_the_same_bytes(bench_run: tuple[int, Path]) -> None:
+    """Every row (canonical, cold, warm, every peer) loads, and all of them read exactly the same bytes."""
+    status, out = bench_run
+    assert status == 0
+    data = _report(out)
+    rows = data["rows"]
+    assert set(rows) >= {CANONICAL, COLD_PUBLISH, COLD_STREAM, WARM_SHM, VIEWS_SHM} | {peer.name for peer in PEERS}
+    assert data["unavailable_peers"] == {}
+    checksums = {tuple(entry["hot"]["checksums"]) for entry in rows.values()}
+    pages = {tuple(entry["hot"]["pages"]) for entry in rows.values()}
+    assert len(checksums) == 1 and len(pages) == 1
+    assert rows[COLD_PUBLISH]["hot"]["outcomes"] == ["canonical_fallback"]
+    assert rows[COLD_PUBLISH]["hot"]["publications"] == ["published"]
+    assert rows[COLD_STREAM]["hot"]["outcomes"] == ["local_production"]
+    assert rows[WARM_SHM]["hot"]["outcomes"] == ["local_hit"]
+
+
+def test_concurrent_cold_starters_run_the_producer_exactly_once(bench_run: tuple[int, Path]) -> None:
+    """Starters released together on one empty domain: one builds, the others join its build."""
+    _status, out = bench_run
+    concurrent = _report(out)["concurrent_cold_starters"]
+    assert concurrent["starters"] == 3
+    assert concurrent["producer_runs"]["samples"] == [1.0]
+
+
+def test_warm_workers_share_one_artifact_while_canonical_workers_each_hold_a_copy(bench_run: tuple[int, Path]) -> None:
+    """Summed PSS of concurrent workers: warm ones share the artifact's pages, canonical ones do not."""
+    _status, out = bench_run
+    data = _report(out)
+    artifact = data["model"]["artifact_bytes"]
+    warm = data["rows"][WARM_SHM]["memory_group"]["weights_pss_sum_bytes"]["median"]
+    canonical = data["rows"][CANONICAL]["memory_group"]["weights_pss_sum_bytes"]["median"]
+    assert warm < 1.5 * artifact
+    assert canonical > 1.5 * artifact
+
+
+def test_bench_writes_json_and_a_markdown_table_of_every_row(bench_run: tuple[int, Path]) -> None:
+    """Results go to <date>-<host>.json and .md; the markdown names every row, the machine and every goal."""
+    _status, out = bench_run
+    data = _report(out)
+    (markdown_file,) = out.glob("*.md")
+    text = markdown_file.read_text()
+    assert text == markdown(BenchReport(data))
+    for name in data["rows"]:
+        assert f"| {name} |" in text
+    for goal in data["goals"]:
+        assert goal["goal"] in text
+    assert data["machine"]["cpus"] is not None and str(data["machine"]["cpus"]) in text
