@@ -70,6 +70,12 @@ class MappedHostRegion:
     inode: int
 
 
+class LeaseBackgroundWork(Protocol):
+    """Work a store started for a lease (such as prefaulting its pages) that must end when the lease closes."""
+
+    def stop(self) -> None: ...
+
+
 class LeaseLock(Protocol):
     """The shared artifact lock a lease holds; released exactly once by `close`."""
 
@@ -81,6 +87,7 @@ class HostWeightLease:
 
     __slots__ = (
         "__weakref__",
+        "_background",
         "_close_guard",
         "_closed",
         "_identity",
@@ -102,8 +109,10 @@ class HostWeightLease:
         provenance: LeaseProvenance,
         mappings: tuple[object, ...],
         lock: LeaseLock,
+        background: LeaseBackgroundWork | None = None,
     ) -> None:
         self._identity = identity
+        self._background = background
         self._manifest = manifest
         self._tensors: Mapping[str, torch.Tensor] | None = MappingProxyType(dict(tensors))
         self._regions = regions
@@ -156,6 +165,9 @@ class HostWeightLease:
             if self._closed:
                 return
             fault_point("lease.teardown")
+            background, self._background = self._background, None
+            if background is not None:
+                background.stop()
             lock = self._lock
             self._tensors = None
             self._mappings = ()

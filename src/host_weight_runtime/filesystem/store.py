@@ -36,6 +36,7 @@ from ..protocols import BuildRequest, CoordinationScope, ProductionMetadata, Wei
 from ..tensors import ValidationLevel
 from ._fsutil import fsync_dir, remove_tree, tree_bytes, write_file_atomic, write_new_file
 from ._layout import DomainLayout, check_key
+from ._prefault import BackgroundPrefault, prefault_enabled
 from .capacity import CapacityGuard, failure_from_os_error
 from .domain import DomainInfo, MountTable, open_domain
 from .inspection import ArtifactInspection, ArtifactState, DomainInspection, LockActivity
@@ -212,14 +213,22 @@ class FilesystemHostWeightStore:
             pid=os.getpid(),
             acquired_at_ns=time.time_ns(),
         )
+        regions = validated.regions()
+        mappings = validated.mappings()
+        prefault = (
+            BackgroundPrefault([(region.address, region.length) for region in regions], mappings)
+            if prefault_enabled()
+            else None
+        )
         return HostWeightLease(
             identity=identity,
             manifest=validated.manifest,
             tensors=validated.tensors(),
-            regions=validated.regions(),
+            regions=regions,
             provenance=provenance,
-            mappings=validated.mappings(),
+            mappings=mappings,
             lock=lock,
+            background=prefault,
         )
 
     def _denied(self, key: str) -> bool:

@@ -1,0 +1,93 @@
+"""Page tables for a new lease, filled on a background thread while the caller restores its model.
+
+A warm start pays one page fault per few pages of every weight the first time it is
+read. `madvise(MADV_POPULATE_READ)` (Linux 5.14+) read-faults a whole range in the
+kernel instead, and on a thread of its own it overlaps the restore that follows the
+lookup. Read faults on a private mapping map the shared page-cache pages: nothing is
+copied. Best effort: an older kernel or any error just stops it (recorded in `error`),
+and `HWR_PREFAULT=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["ENV_PREFAULT", "BackgroundPrefault", "prefault_enabled"]
+
+ENV_PREFAULT = "HWR_PREFAULT"
+_MADV_POPULATE_READ = 22
+_STEP_BYTES = 32 << 20  # between steps the thread checks whether the lease was closed
+
+_log = logging.getLogger(__name__)
+
+
+def prefault_enabled() -> bool:
+    """Whether leases prefault their mappings: on unless HWR_PREFAULT is 0, false, no or off."""
+    return os.environ.get(ENV_PREFAULT, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _madvise() -> Any:
+    """libc's madvise through ctypes, which releases the GIL while the kernel populates; None if missing."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function = libc.madvise
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    function.restype = ctypes.c_int
+    return function
+
+
+class BackgroundPrefault:
+    """Populates the page tables of some mapped regions on a daemon thread; `stop()` ends it early."""
+
+    __slots__ = ("_done", "_keepalive", "_regions", "_stop", "_thread", "error", "populated_bytes")
+
+    def __init__(self, regions: Sequence[tuple[int, int]], keepalive: tuple[object, ...]) -> None:
+        self._regions = tuple(regions)
+        self._keepalive: tuple[object, ...] | None = keepalive  # the mappings stay mapped while the thread runs
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self.error: str | None = None
+        self.populated_bytes = 0
+        self._thread = threading.Thread(target=self._run, name="hwr-prefault", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            madvise = _madvise()
+            if madvise is None:
+                self.error = "madvise is not available"
+                return
+            page = os.sysconf("SC_PAGE_SIZE")
+            for address, length in self._regions:
+                start = address - address % page
+                end = address + length
+                while start < end and not self._stop.is_set():
+                    step = min(_STEP_BYTES, end - start)
+                    if madvise(start, step, _MADV_POPULATE_READ) != 0:
+                        code = ctypes.get_errno()
+                        self.error = f"madvise(MADV_POPULATE_READ) failed: {errno.errorcode.get(code, code)}"
+                        _log.debug("prefault stopped: %s", self.error)
+                        return
+                    self.populated_bytes += step
+                    start += step
+        finally:
+            self._keepalive = None
+            self._done.set()
+
+    def stop(self) -> None:
+        """Ask the thread to stop after its current step and wait for it."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every region is populated (or the thread stopped); True when it finished."""
+        return self._done.wait(timeout)

@@ -1,0 +1,112 @@
+"""Leases fill their page tables on a background thread: read faults only, never a copy, and they stop on close."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from host_weight_runtime import BuildRequest, FilesystemHostWeightStore, HostWeightLease, ValidationLevel
+from host_weight_runtime.filesystem._prefault import ENV_PREFAULT, BackgroundPrefault, prefault_enabled
+
+from .support import SyntheticProducer, make_identity
+
+SHM = Path("/dev/shm")
+KIB = 1024
+
+
+@pytest.fixture
+def shm_root() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(dir=SHM) as folder:
+        yield Path(folder) / "domain"
+
+
+def _big_tensors() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(7)
+    return {
+        f"blocks.{index}.weight": torch.randn(512, 1024, generator=generator).to(torch.bfloat16) for index in range(8)
+    }
+
+
+def _lease(root: Path) -> HostWeightLease:
+    """Publish 8 MiB in one process-local store, then look it up (a fresh lease with fresh mappings)."""
+    identity = make_identity(tag="prefault")
+    store = FilesystemHostWeightStore(root)
+    built = store.get_or_build(
+        BuildRequest(identity),
+        SyntheticProducer(identity, _big_tensors()),
+        validation=ValidationLevel.MANIFEST_AND_METADATA,
+        deadline=time.monotonic() + 120,
+    )
+    assert built.lease is not None
+    built.lease.close()
+    found = store.lookup(identity, validation=ValidationLevel.MANIFEST_AND_METADATA)
+    assert found.lease is not None
+    return found.lease
+
+
+def _mapping_memory(lease: HostWeightLease) -> tuple[int, int]:
+    """(Rss, Anonymous) in bytes of this process's mappings of the lease's payload files, from /proc/self/smaps."""
+    regions = [(region.address, region.length) for region in lease.mapped_regions]
+    rss = anonymous = 0
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):
+                low_text, _, high_text = head.partition("-")
+                low, high = int(low_text, 16), int(high_text, 16)
+                inside = any(address < high and low < address + length for address, length in regions)
+            elif inside and head == "Rss:":
+                rss += int(line.split()[1]) * KIB
+            elif inside and head == "Anonymous:":
+                anonymous += int(line.split()[1]) * KIB
+    return rss, anonymous
+
+
+def test_a_lease_populates_its_mappings_by_read_faults_without_copying(
+    shm_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the background prefault, every payload page is mapped and none is a private copy."""
+    monkeypatch.delenv(ENV_PREFAULT, raising=False)
+    lease = _lease(shm_root)
+    try:
+        prefault = lease._background
+        assert isinstance(prefault, BackgroundPrefault)
+        assert prefault.wait(timeout=60)
+        assert prefault.error is None
+        total = sum(region.length for region in lease.mapped_regions)
+        rss, anonymous = _mapping_memory(lease)
+        assert rss >= total - 4 * KIB * len(lease.mapped_regions)  # each file's last partial page rounds
+        assert anonymous == 0
+    finally:
+        lease.close()
+
+
+def test_prefault_can_be_turned_off(shm_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HWR_PREFAULT=0: no background thread, pages are mapped only when first read."""
+    monkeypatch.setenv(ENV_PREFAULT, "0")
+    assert not prefault_enabled()
+    lease = _lease(shm_root)
+    try:
+        assert lease._background is None
+        rss, _anonymous = _mapping_memory(lease)
+        total = sum(region.length for region in lease.mapped_regions)
+        assert rss < total // 2  # only the headers the validation read
+    finally:
+        lease.close()
+
+
+def test_closing_a_lease_stops_its_prefault_thread(shm_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() ends the background work before it releases the lease; no thread outlives it."""
+    monkeypatch.delenv(ENV_PREFAULT, raising=False)
+    lease = _lease(shm_root)
+    prefault = lease._background
+    assert isinstance(prefault, BackgroundPrefault)
+    lease.close()
+    assert not prefault._thread.is_alive()
+    assert prefault.wait(timeout=0)
