@@ -37,7 +37,7 @@ from .source_identity import (
     resolved_revision,
     snapshot_sources,
 )
-from .tensor_layout import FinalLayoutTensor, TensorOwnership, discover_tensor_ownership
+from .tensor_layout import FinalLayoutTensor, TensorOwnership, discover_owned_tensors, discover_tensor_ownership
 
 __all__ = ["FinalLayoutIdentityContext", "build_final_layout_identity", "discover_final_layout"]
 
@@ -85,6 +85,22 @@ def discover_final_layout(
         return policy.final_dtype(local_name, dtype, keep_by_dit[dit_name])
 
     return discover_tensor_ownership(dit_modules, final_dtype), contracts
+
+
+def discover_final_layout_tensors(
+    dit_modules: Sequence[tuple[str, torch.nn.Module]],
+    policy: FinalLayoutTensorPolicy,
+) -> tuple[FinalLayoutTensor, ...]:
+    """The owned tensors with policy dtypes, as `discover_final_layout` finds them, without the contract digest."""
+    contracts = tuple(contract_for_model(module) for _name, module in dit_modules)
+    keep_by_dit = {
+        name: contract.keep_in_fp32_modules for (name, _module), contract in zip(dit_modules, contracts, strict=True)
+    }
+
+    def final_dtype(dit_name: str, local_name: str, dtype: torch.dtype) -> torch.dtype:
+        return policy.final_dtype(local_name, dtype, keep_by_dit[dit_name])
+
+    return discover_owned_tensors(dit_modules, final_dtype)
 
 
 def _qualified(klass: type[object]) -> str:

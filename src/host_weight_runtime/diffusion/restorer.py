@@ -18,7 +18,7 @@ from ..failures import FailureCode, HostWeightError, HostWeightFailure, Resoluti
 from ..lease import HostWeightLease
 from ..tensors import TensorKind, dtype_code
 from .contracts import FINAL_LAYOUT_TENSOR_RESTORER_SCHEMA
-from .identity_adapter import FinalLayoutIdentityContext, discover_final_layout
+from .identity_adapter import FinalLayoutIdentityContext, discover_final_layout_tensors
 
 __all__ = ["FinalLayoutTensorRestorePlan", "FinalLayoutTensorRestorer", "dit_modules_of"]
 
@@ -35,8 +35,7 @@ def dit_modules_of(model: torch.nn.Module, context: FinalLayoutIdentityContext) 
     """The context's DiT modules inside `model`, found by name, and of the types the identity was built for."""
     if not isinstance(model, context.pipeline_type):
         raise restore_error(
-            f"the model is a {type(model).__name__}, but the identity was built for a "
-            f"{context.pipeline_type.__name__}",
+            f"the model is a {type(model).__name__}, but the identity was built for a {context.pipeline_type.__name__}",
             model_type=type(model).__name__,
         )
     found: list[tuple[str, torch.nn.Module]] = []
@@ -145,8 +144,7 @@ class FinalLayoutTensorRestorer:
                 f"the artifact needs restorer schema {manifest.restorer_schema!r}; this restorer is {self.schema!r}"
             )
         dit_modules = dit_modules_of(model, context)
-        ownership, _contracts = discover_final_layout(dit_modules, context.policy)
-        if ownership.tensors != context.tensors:
+        if discover_final_layout_tensors(dit_modules, context.policy) != context.tensors:
             raise restore_error(
                 "the model's tensors do not match the identity's tensor contract; build the identity on this model",
             )

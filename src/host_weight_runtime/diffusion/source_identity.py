@@ -58,6 +58,7 @@ __all__ = [
     "WeightSourceKind",
     "bind_tensors_to_sources",
     "hub_blob_content_id",
+    "is_content_id_known",
     "prepare_weight_source",
     "resolved_revision",
     "snapshot_sources",
@@ -488,6 +489,16 @@ class NodeSourceDigestCache:
                 _LOG.warning("source digest cache: could not write %s (%s); the digest is not shared", entry, exc)
         return digest
 
+    def cached_content_id(self, path: Path, state: _FileState) -> str | None:
+        """The cached `sha256:<hex>` of the file in this state, or None; never hashes, never waits."""
+        realpath = os.path.realpath(path)
+        try:
+            self._prepare_dirs()
+        except OSError:
+            return None
+        entry = self.entries / f"{self._key(realpath, state)}.json"
+        return self._read_entry(entry, _entry_body(realpath, state)).digest
+
     def _hash(self, path: Path, state: _FileState) -> str:
         digest = _hash_file(path, state)
         with self._counter_guard:
@@ -636,6 +647,31 @@ class FinalLayoutSourceContext:
         )
 
 
+def is_content_id_known(path: Path, cache: NodeSourceDigestCache | None) -> bool:
+    """Whether the file's content id comes without hashing: a trusted hub blob name, or a cache entry."""
+    if hub_blob_content_id(path) is not None:
+        return True
+    if cache is None:
+        return False
+    try:
+        state = _stat_source(path, "does not exist")
+    except HostWeightError:
+        return False
+    return cache.cached_content_id(path, state) is not None
+
+
+def _known_content_id(path: Path, cache: NodeSourceDigestCache | None) -> tuple[_FileState, str] | None:
+    """The file's state and content id when they come without hashing, else None."""
+    state = _stat_source(path, "does not exist")
+    content_id = hub_blob_content_id(path)
+    if content_id is None and cache is not None:
+        content_id = cache.cached_content_id(path, state)
+    if content_id is None:
+        return None
+    _check_state(path, state)
+    return state, content_id
+
+
 def _content_id(path: Path, cache: NodeSourceDigestCache | None) -> tuple[_FileState, str]:
     state = _stat_source(path, "does not exist")
     content_id = hub_blob_content_id(path)
@@ -661,16 +697,26 @@ def snapshot_sources(
     if max_workers is not None and (type(max_workers) is not int or max_workers < 1):
         raise ValueError(f"max_workers must be None or an int >= 1, got {max_workers!r}")
     jobs = [(index, path) for index, source in enumerate(sources) for path in source.weight_files]
-    workers = min(len(jobs), max_workers if max_workers is not None else default_hash_threads())
+    # Content ids that need no hashing (hub blob names, digest-cache entries) come first, without threads.
+    found: list[tuple[_FileState, str] | None] = [_known_content_id(path, cache) for _index, path in jobs]
+    to_hash = [position for position, known in enumerate(found) if known is None]
+    workers = min(len(to_hash), max_workers if max_workers is not None else default_hash_threads())
     if workers <= 1:
-        results = [_content_id(path, cache) for _index, path in jobs]
+        for position in to_hash:
+            found[position] = _content_id(jobs[position][1], cache)
     else:
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hwr-source-hash")
         try:
-            futures: list[Future[tuple[_FileState, str]]] = [pool.submit(_content_id, path, cache) for _i, path in jobs]
-            results = [future.result() for future in futures]
+            futures: dict[int, Future[tuple[_FileState, str]]] = {
+                position: pool.submit(_content_id, jobs[position][1], cache) for position in to_hash
+            }
+            for position, future in futures.items():
+                found[position] = future.result()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+    results = [known for known in found if known is not None]
+    if len(results) != len(jobs):  # pragma: no cover - every position was filled above
+        raise AssertionError("a source file has no content id")
     records = tuple(
         SourceFileRecord(index, path, sources[index].relative_name(path), state, content_id)
         for (index, path), (state, content_id) in zip(jobs, results, strict=True)

@@ -178,6 +178,15 @@ def discover_tensor_ownership(
     final_dtype: FinalDtype,
 ) -> TensorOwnership:
     """Every owned tensor with its final dtype; aliases, non-contiguous and foreign-device tensors are refused."""
+    found = discover_owned_tensors(dit_modules, final_dtype)
+    return TensorOwnership(found, tensor_contract_digest(found))
+
+
+def discover_owned_tensors(
+    dit_modules: Sequence[tuple[str, torch.nn.Module]],
+    final_dtype: FinalDtype,
+) -> tuple[FinalLayoutTensor, ...]:
+    """The tensors of `discover_tensor_ownership`, sorted by name, without digesting them into a contract."""
     found: list[FinalLayoutTensor] = []
     seen_objects: dict[int, str] = {}
     byte_ranges: list[tuple[int, int, int, str]] = []
@@ -225,7 +234,7 @@ def discover_tensor_ownership(
     found.sort(key=lambda tensor: tensor.name)
     if not found:
         raise ownership_error("the DiT modules own no parameters or persistent buffers; there is nothing to publish")
-    return TensorOwnership(tuple(found), tensor_contract_digest(found))
+    return tuple(found)
 
 
 def tensors_by_name(dit_modules: Sequence[tuple[str, torch.nn.Module]]) -> Mapping[str, torch.Tensor]:
