@@ -19,7 +19,14 @@ from .contracts import (
     implementation_abi_fingerprint,
 )
 from .identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity
-from .loader import ComponentLoadPath, LoadedComponent, PrewarmResult, load_component, prewarm_component
+from .loader import (
+    BackgroundPublication,
+    ComponentLoadPath,
+    LoadedComponent,
+    PrewarmResult,
+    load_component,
+    prewarm_component,
+)
 from .models import FIRST_CLASS_CONTRACTS, ModelNotReadyError, contract_for_model
 from .producers import FinalLayoutBF16CheckpointProducer, FinalLayoutBF16Producer
 from .restorer import FinalLayoutTensorRestorePlan, FinalLayoutTensorRestorer
@@ -27,6 +34,7 @@ from .source_identity import NodeSourceDigestCache, PreparedWeightSource, Weight
 from .tensor_layout import FinalLayoutTensor, TensorOwnership, discover_tensor_ownership
 
 __all__ = [
+    "BackgroundPublication",
     "FINAL_LAYOUT_BF16_POLICY",
     "FINAL_LAYOUT_BF16_SPEC",
     "FIRST_CLASS_CONTRACTS",

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,9 +41,22 @@ from .producers._shards import ProgressCallback
 from .producers.checkpoint_stream import FinalLayoutBF16CheckpointProducer
 from .producers.finalized import FinalLayoutBF16Producer
 from .restorer import FinalLayoutTensorRestorer
-from .source_identity import NodeSourceDigestCache, PreparedWeightSource, WeightSourceKind, prepare_weight_source
+from .source_identity import (
+    NodeSourceDigestCache,
+    PreparedWeightSource,
+    WeightSourceKind,
+    is_content_id_known,
+    prepare_weight_source,
+)
 
-__all__ = ["ComponentLoadPath", "LoadedComponent", "PrewarmResult", "load_component", "prewarm_component"]
+__all__ = [
+    "BackgroundPublication",
+    "ComponentLoadPath",
+    "LoadedComponent",
+    "PrewarmResult",
+    "load_component",
+    "prewarm_component",
+]
 
 _LOG = logging.getLogger(__name__)
 _LOADER_ID = "host_weight_runtime.diffusion.load_component"
@@ -70,6 +83,7 @@ class LoadedComponent:
 
     __slots__ = (
         "_lease",
+        "background_publication",
         "domain_root",
         "elapsed_s",
         "identity_failure",
@@ -94,8 +108,10 @@ class LoadedComponent:
         identity_failure: HostWeightFailure | None = None,
         restore_failure: HostWeightFailure | None = None,
         lease: HostWeightLease | None = None,
+        background_publication: BackgroundPublication | None = None,
     ) -> None:
         self.model = model
+        self.background_publication = background_publication
         self.load_path = load_path
         self.elapsed_s = elapsed_s
         self.domain_root = domain_root
@@ -134,6 +150,9 @@ class LoadedComponent:
             "domain_root": None if self.domain_root is None else str(self.domain_root),
             "elapsed_s": self.elapsed_s,
             "publication": None if self.publication is None else self.publication.status.value,
+            "background_publication": None
+            if self.background_publication is None
+            else self.background_publication.state(),
             "identity_failure": None if self.identity_failure is None else self.identity_failure.to_dict(),
             "restore_failure": None if self.restore_failure is None else self.restore_failure.to_dict(),
         }
@@ -149,8 +168,83 @@ class PrewarmResult:
     tensor_count: int
 
 
+class BackgroundPublication:
+    """The artifact of a canonically loaded model, built from its checkpoint on a thread of its own.
+
+    The thread streams the checkpoint (it never reads the serving model, so nothing the
+    caller does to the model can reach the artifact). It is not a daemon: a process that
+    exits waits for the publication, so the first worker on a node always leaves an
+    artifact behind. Failures are logged and kept in `failure`; they never raise here.
+    """
+
+    __slots__ = ("_done", "_job", "_thread", "elapsed_s", "failure", "result")
+
+    def __init__(self, job: Callable[[], PrewarmResult]) -> None:
+        self._job = job
+        self._done = threading.Event()
+        self.result: PrewarmResult | None = None
+        self.failure: HostWeightFailure | None = None
+        self.elapsed_s: float | None = None
+        self._thread = threading.Thread(target=self._run, name="hwr-background-publish", daemon=False)
+        self._thread.start()
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        try:
+            self.result = self._job()
+        except HostWeightError as exc:
+            self.failure = exc.failure
+            _LOG.warning("background publication failed: [%s] %s", exc.failure.code.value, exc.failure.message)
+        except Exception as exc:  # a bug must not kill the serving process; it is recorded instead
+            self.failure = failure(
+                ResolutionStage.PUBLICATION, FailureCode.PRODUCER_FAILED, f"{type(exc).__name__}: {exc}"
+            )
+            _LOG.exception("background publication failed")
+        finally:
+            self.elapsed_s = time.monotonic() - started
+            self._job = _finished_job
+            self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the publication finished (built, found, or failed); True when it did."""
+        return self._done.wait(timeout)
+
+    def state(self) -> dict[str, object]:
+        """A JSON-friendly account: running, or how it ended."""
+        if not self.done:
+            return {"state": "running"}
+        if self.failure is not None:
+            return {"state": "failed", "failure": self.failure.to_dict(), "elapsed_s": self.elapsed_s}
+        assert self.result is not None
+        return {
+            "state": self.result.resolution.outcome.value,
+            "identity_key": self.result.identity_key,
+            "elapsed_s": self.elapsed_s,
+        }
+
+
+def _finished_job() -> PrewarmResult:
+    raise RuntimeError("this background publication already ran")
+
+
 class _ComponentPipeline(torch.nn.Module):
     """A one-component container, so a lone model has the `<dit>.<name>` tensor names of a pipeline."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Skeleton:
+    """Everything about a component that needs no hashing: its files, class, skeleton and request."""
+
+    source: PreparedWeightSource
+    model_class: type[Any]
+    component_name: str
+    skeleton: torch.nn.Module
+    holder: torch.nn.Module
+    request: FinalLayoutRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +376,21 @@ def _prepare(
     parallel: FinalLayoutParallelIdentity,
     cache_dir: Path | None,
 ) -> _Prepared:
+    skeleton = _prepare_skeleton(
+        model_or_path, subfolder=subfolder, revision=revision, parallel=parallel, cache_dir=cache_dir
+    )
+    return _identify(skeleton, runtime)
+
+
+def _prepare_skeleton(
+    model_or_path: str | os.PathLike[str],
+    *,
+    subfolder: str | None,
+    revision: str | None,
+    parallel: FinalLayoutParallelIdentity,
+    cache_dir: Path | None,
+) -> _Skeleton:
+    """The source files, model class, `meta` skeleton and request: everything but the hashing."""
     component_name = _component_name(subfolder)
     source = prepare_weight_source(
         model_or_path, subfolder=subfolder, revision=revision, prefix=f"{component_name}.", cache_dir=cache_dir
@@ -297,15 +406,22 @@ def _prepare(
         loader=_loader_identity(model_class, config, contract.keep_in_fp32_modules, source.use_safetensors),
         parallel=parallel,
     )
+    return _Skeleton(source, model_class, component_name, skeleton, holder, request)
+
+
+def _identify(prepared: _Skeleton, runtime: HostWeightRuntime) -> _Prepared:
+    """Hash the sources (once per node, through the digest cache) and build the identity on the skeleton."""
     context = build_final_layout_identity(
-        holder,
-        dit_modules=[(component_name, skeleton)],
-        prepared_sources=[source],
-        request=request,
+        prepared.holder,
+        dit_modules=[(prepared.component_name, prepared.skeleton)],
+        prepared_sources=[prepared.source],
+        request=prepared.request,
         policy=FINAL_LAYOUT_BF16_POLICY,
         source_digest_cache=_digest_cache(runtime),
     )
-    return _Prepared(source, model_class, component_name, skeleton, holder, context)
+    return _Prepared(
+        prepared.source, prepared.model_class, prepared.component_name, prepared.skeleton, prepared.holder, context
+    )
 
 
 def _model_id(model_or_path: str | os.PathLike[str], source: PreparedWeightSource) -> str:
@@ -350,6 +466,7 @@ def load_component(
     parallel: FinalLayoutParallelIdentity | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     stream_on_miss: bool | None = None,
+    publish_in_background: bool = False,
 ) -> LoadedComponent:
     """Load a diffusers model component through the node's host weight artifact.
 
@@ -359,6 +476,12 @@ def load_component(
     `stream_on_miss` (default: only in REQUIRED mode); otherwise the model is loaded
     canonically and published after load. In PREFERRED mode any failure falls back to the
     canonical load; in REQUIRED mode it raises `HostWeightError`.
+
+    `publish_in_background=True` (PREFERRED, safetensors checkpoints) returns the canonical
+    model as soon as it is loaded and builds the artifact from the checkpoint on a thread
+    (`LoadedComponent.background_publication`). When this node has never hashed the
+    checkpoint files, no artifact can exist for them here, so the hashing moves to that
+    thread too and the first worker starts as fast as a plain `from_pretrained`.
     """
     started = time.monotonic()
     _check_arguments(torch_dtype, parallel)
@@ -370,9 +493,7 @@ def load_component(
     name_or_path = str(model_or_path)
     root = None if mode is RuntimeMode.DISABLED else runtime.config.resolved_root
 
-    def canonical_result(
-        source: PreparedWeightSource, model_class: type[Any], **reports: Any
-    ) -> LoadedComponent:
+    def canonical_result(source: PreparedWeightSource, model_class: type[Any], **reports: Any) -> LoadedComponent:
         model = _canonical(model_class, source, name_or_path)
         return LoadedComponent(
             model, ComponentLoadPath.CANONICAL, elapsed_s=time.monotonic() - started, domain_root=root, **reports
@@ -385,15 +506,22 @@ def load_component(
         )
         return canonical_result(source, _model_class(source.resolved_root))
 
+    stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
+    background = publish_in_background and mode is RuntimeMode.PREFERRED and not stream
     try:
-        prepared = _prepare(
-            model_or_path,
-            subfolder=subfolder,
-            revision=revision,
-            runtime=runtime,
-            parallel=parallel,
-            cache_dir=cache_path,
+        skeleton = _prepare_skeleton(
+            model_or_path, subfolder=subfolder, revision=revision, parallel=parallel, cache_dir=cache_path
         )
+        if background and skeleton.source.use_safetensors and _needs_hashing(skeleton.source, runtime):
+            model = _canonical(skeleton.model_class, skeleton.source, name_or_path)
+            return LoadedComponent(
+                model,
+                ComponentLoadPath.CANONICAL,
+                elapsed_s=time.monotonic() - started,
+                domain_root=root,
+                background_publication=BackgroundPublication(lambda: _build_artifact(skeleton, runtime, None)),
+            )
+        prepared = _identify(skeleton, runtime)
     except HostWeightError as exc:
         if mode is RuntimeMode.REQUIRED or exc.failure.code is FailureCode.NOT_FOUND:
             raise
@@ -406,10 +534,7 @@ def load_component(
 
     context = prepared.context
     key = context.identity.key
-    stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
-    producer = (
-        FinalLayoutBF16CheckpointProducer(context) if stream and prepared.source.use_safetensors else None
-    )
+    producer = FinalLayoutBF16CheckpointProducer(context) if stream and prepared.source.use_safetensors else None
     resolution = runtime.resolve(context.identity, producer)
     report = resolution.report
     restore_failure: HostWeightFailure | None = None
@@ -422,8 +547,9 @@ def load_component(
             if mode is RuntimeMode.REQUIRED:
                 raise
             restore_failure = exc.failure
-            _LOG.warning("restoring %s from artifact %s failed (%s); loading canonically", name_or_path, key,
-                         exc.failure.message)
+            _LOG.warning(
+                "restoring %s from artifact %s failed (%s); loading canonically", name_or_path, key, exc.failure.message
+            )
         else:
             model = prepared.skeleton
             object.__setattr__(model, "_host_weight_lease", lease)  # the model keeps its lease (and lock) alive
@@ -442,9 +568,13 @@ def load_component(
 
     model = _canonical(prepared.model_class, prepared.source, name_or_path)
     publication: PostLoadPublicationReport | None = None
+    in_background: BackgroundPublication | None = None
     if restore_failure is None and resolution.outcome is ResolutionOutcome.CANONICAL_FALLBACK:
-        producer_after = FinalLayoutBF16Producer(context, [(prepared.component_name, model)])
-        publication = runtime.publish_after_load(context.identity, producer_after)
+        if background and prepared.source.use_safetensors:
+            in_background = BackgroundPublication(lambda: _build_artifact(prepared, runtime, None))
+        else:
+            producer_after = FinalLayoutBF16Producer(context, [(prepared.component_name, model)])
+            publication = runtime.publish_after_load(context.identity, producer_after)
     return LoadedComponent(
         model,
         ComponentLoadPath.CANONICAL,
@@ -454,6 +584,48 @@ def load_component(
         resolution=report,
         publication=publication,
         restore_failure=restore_failure,
+        background_publication=in_background,
+    )
+
+
+def _needs_hashing(source: PreparedWeightSource, runtime: HostWeightRuntime) -> bool:
+    """Whether some checkpoint file's content id is neither a trusted hub blob name nor in the node's digest cache."""
+    cache = _digest_cache(runtime)
+    return any(not is_content_id_known(path, cache) for path in source.weight_files)
+
+
+def _required(runtime: HostWeightRuntime) -> HostWeightRuntime:
+    """The same runtime in REQUIRED mode with local builds allowed: building is the point, a failure must show."""
+    config = replace(runtime.config, mode=RuntimeMode.REQUIRED, allow_local_build=True)
+    return runtime if runtime.config == config else HostWeightRuntime(config)
+
+
+def _build_artifact(
+    prepared: _Prepared | _Skeleton, runtime: HostWeightRuntime, progress: ProgressCallback | None
+) -> PrewarmResult:
+    """Identify (when not yet done) and stream the checkpoint into the artifact; raises HostWeightError."""
+    required = _required(runtime)
+    identified = prepared if isinstance(prepared, _Prepared) else _identify(prepared, required)
+    if not identified.source.use_safetensors:
+        raise HostWeightError(
+            failure(
+                ResolutionStage.PRODUCTION,
+                FailureCode.PRODUCER_UNSUPPORTED,
+                f"{identified.source.model_or_path} has no safetensors weights; the artifact is streamed from "
+                "safetensors only. Load it once with load_component instead: that publishes after a canonical load",
+            )
+        )
+    producer = FinalLayoutBF16CheckpointProducer(identified.context, progress=progress)
+    resolution = required.resolve(identified.context.identity, producer)
+    if resolution.lease is None:
+        assert resolution.report.failure is not None
+        raise HostWeightError(resolution.report.failure)
+    resolution.lease.close()
+    return PrewarmResult(
+        identity_key=identified.context.identity.key,
+        resolution=resolution.report,
+        total_bytes=identified.context.total_bytes,
+        tensor_count=len(identified.context.tensors),
     )
 
 
@@ -473,9 +645,7 @@ def prewarm_component(
     failure raises `HostWeightError` instead of being hidden by a fallback.
     """
     _check_arguments(torch.bfloat16, parallel)
-    base = runtime if runtime is not None else HostWeightRuntime.from_env()
-    config = replace(base.config, mode=RuntimeMode.REQUIRED, allow_local_build=True)
-    required = base if base.config == config else HostWeightRuntime(config)
+    required = _required(runtime if runtime is not None else HostWeightRuntime.from_env())
     _announce(required)
     prepared = _prepare(
         model_or_path,
@@ -485,24 +655,4 @@ def prewarm_component(
         parallel=parallel if parallel is not None else FinalLayoutParallelIdentity(),
         cache_dir=Path(cache_dir) if cache_dir is not None else None,
     )
-    if not prepared.source.use_safetensors:
-        raise HostWeightError(
-            failure(
-                ResolutionStage.PRODUCTION,
-                FailureCode.PRODUCER_UNSUPPORTED,
-                f"{model_or_path} has no safetensors weights; prewarm streams safetensors only. Load it once with "
-                "load_component instead: that publishes after a canonical load",
-            )
-        )
-    producer = FinalLayoutBF16CheckpointProducer(prepared.context, progress=progress)
-    resolution = required.resolve(prepared.context.identity, producer)
-    if resolution.lease is None:
-        assert resolution.report.failure is not None
-        raise HostWeightError(resolution.report.failure)
-    resolution.lease.close()
-    return PrewarmResult(
-        identity_key=prepared.context.identity.key,
-        resolution=resolution.report,
-        total_bytes=prepared.context.total_bytes,
-        tensor_count=len(prepared.context.tensors),
-    )
+    return _build_artifact(prepared, required, progress)
