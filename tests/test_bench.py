@@ -5,8 +5,10 @@ from __future__ import annotations
 import ctypes
 import json
 import mmap
+import os
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from host_weight_runtime.diffusion._bench.peers import PEERS, Peer, PeerFormat
 from host_weight_runtime.diffusion._bench.report import markdown
 from host_weight_runtime.diffusion._bench.runner import (
     CANONICAL,
+    COLD_BACKGROUND,
     COLD_PUBLISH,
     COLD_STREAM,
     VIEWS_SHM,
@@ -30,6 +33,7 @@ from host_weight_runtime.diffusion._bench.runner import (
     evict_from_page_cache,
     unavailable_peers,
 )
+from host_weight_runtime.diffusion._bench.worker import ENV_PROFILE
 from host_weight_runtime.diffusion._synthetic_models import build_model
 
 MIB = 1 << 20
@@ -165,9 +169,24 @@ def test_goals_compare_each_measured_ratio_with_its_target() -> None:
 
 
 @pytest.fixture(scope="module")
-def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
+def bench_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
     out = tmp_path_factory.mktemp("bench-results")
-    status = main(
+    profiles = out / "profiles"
+    profiles.mkdir()
+    previous = os.environ.get(ENV_PROFILE)
+    os.environ[ENV_PROFILE] = str(profiles)  # the workers inherit it; a module-scoped fixture has no monkeypatch
+    try:
+        status = _run_bench(out)
+    finally:
+        if previous is None:
+            del os.environ[ENV_PROFILE]
+        else:
+            os.environ[ENV_PROFILE] = previous
+    yield status, out
+
+
+def _run_bench(out: Path) -> int:
+    return main(
         [
             "bench",
             "--size",
@@ -185,7 +204,6 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
             "--json",
         ]
     )
-    return status, out
 
 
 def _report(out: Path) -> dict[str, Any]:
@@ -209,6 +227,19 @@ def test_bench_measures_every_row_on_the_same_bytes(bench_run: tuple[int, Path])
     assert rows[COLD_PUBLISH]["hot"]["publications"] == ["published"]
     assert rows[COLD_STREAM]["hot"]["outcomes"] == ["local_production"]
     assert rows[WARM_SHM]["hot"]["outcomes"] == ["local_hit"]
+    assert rows[COLD_BACKGROUND]["hot"]["outcomes"] == ["None"]  # no lookup: nothing was ever hashed here
+    assert rows[COLD_BACKGROUND]["hot"]["published_ms"] is not None
+    assert rows[COLD_PUBLISH]["hot"]["published_ms"] is None
+
+
+def test_hwr_bench_profile_writes_one_profile_per_measured_run(bench_run: tuple[int, Path]) -> None:
+    """HWR_BENCH_PROFILE=DIR: every worker leaves a pyinstrument profile of its measured run there."""
+    _status, out = bench_run
+    profiles = sorted((out / "profiles").glob("*.txt"))
+    data = _report(out)
+    assert len(profiles) >= len(data["rows"])
+    warm = [path for path in profiles if path.name.startswith("hwr_warm")]
+    assert warm and "load_component" in warm[0].read_text()
 
 
 def test_concurrent_cold_starters_run_the_producer_exactly_once(bench_run: tuple[int, Path]) -> None:

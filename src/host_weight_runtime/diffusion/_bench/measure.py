@@ -56,6 +56,7 @@ class RowSpec:
     subfolder: str
     root: str | None = None  # HWR: the domain root
     stream_on_miss: bool = False  # HWR: stream the checkpoint into the artifact on a miss
+    publish_in_background: bool = False  # HWR: return the canonical model, publish on a thread
     peer: str | None = None  # PEER: the peer's name
     peer_file: str | None = None  # PEER: the final-layout file it reads
 
@@ -67,6 +68,7 @@ class RowSpec:
             "subfolder": self.subfolder,
             "root": self.root,
             "stream_on_miss": self.stream_on_miss,
+            "publish_in_background": self.publish_in_background,
             "peer": self.peer,
             "peer_file": self.peer_file,
         }
@@ -80,6 +82,7 @@ class RowSpec:
             subfolder=str(value["subfolder"]),
             root=None if value.get("root") is None else str(value["root"]),
             stream_on_miss=bool(value.get("stream_on_miss", False)),
+            publish_in_background=bool(value.get("publish_in_background", False)),
             peer=None if value.get("peer") is None else str(value["peer"]),
             peer_file=None if value.get("peer_file") is None else str(value["peer_file"]),
         )
@@ -192,7 +195,11 @@ def _load(spec: RowSpec, flux_class: Any) -> _Loaded:
         if spec.root is None:
             raise ValueError(f"row {spec.name}: an HWR row needs a domain root")
         component = load_component(
-            spec.pipeline, subfolder=spec.subfolder, runtime=_runtime(spec.root), stream_on_miss=spec.stream_on_miss
+            spec.pipeline,
+            subfolder=spec.subfolder,
+            runtime=_runtime(spec.root),
+            stream_on_miss=spec.stream_on_miss,
+            publish_in_background=spec.publish_in_background,
         )
         return _Loaded(component.model, component=component)
     if spec.peer is None or spec.peer_file is None:
@@ -252,6 +259,15 @@ def run_row(spec: RowSpec, flux_class: Any) -> tuple[dict[str, JsonValue], _Load
     pages, checksum = touch_model(loaded.model)
     ready_at = time.perf_counter()
     rss, pss = memory_rollup()
+    peak = peak_rss()  # before any background publication adds its buffers
+    published_ms: float | None = None
+    background = None if loaded.component is None else loaded.component.background_publication
+    if background is not None:
+        background.wait()
+        if background.failure is not None:
+            raise RuntimeError(f"background publication failed: {background.failure.message}")
+        assert background.elapsed_s is not None
+        published_ms = (time.perf_counter() - started) * 1000.0
     row: dict[str, JsonValue] = {
         "name": spec.name,
         "pid": os.getpid(),
@@ -262,9 +278,10 @@ def run_row(spec: RowSpec, flux_class: Any) -> tuple[dict[str, JsonValue], _Load
         "checksum": checksum,
         "baseline_rss_bytes": baseline_rss,
         "baseline_pss_bytes": baseline_pss,
-        "peak_rss_bytes": peak_rss(),
+        "peak_rss_bytes": peak,
         "rss_bytes": rss,
         "pss_bytes": pss,
+        "published_ms": published_ms,
         **_component_facts(loaded.component),
     }
     return row, loaded

@@ -90,6 +90,13 @@ def markdown(report: BenchReport) -> str:
         "",
         *_rows_table(data["rows"], HOT, memory=True),
     ]
+    published = [
+        f"{name}: the artifact was published {entry[HOT]['published_ms']['median']:.0f} ms after the load call began"
+        for name, entry in data["rows"].items()
+        if entry.get(HOT, {}).get("published_ms") is not None
+    ]
+    if published:
+        lines += ["", *published]
     if any(COLD in entry for entry in data["rows"].values()):
         lines += [
             "",

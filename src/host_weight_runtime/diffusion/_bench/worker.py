@@ -16,14 +16,19 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from .measure import LoadKind, RowSpec, model_class, run_row
 from .peers import peer_named
 
-__all__ = ["main", "worker_command"]
+__all__ = ["ENV_PROFILE", "main", "worker_command"]
+
+ENV_PROFILE = "HWR_BENCH_PROFILE"
 
 
 def worker_command(spec: RowSpec, *, hold: bool) -> list[str]:
@@ -41,6 +46,23 @@ def _preload(spec: RowSpec) -> object:
     return flux_class
 
 
+def _profiled(spec: RowSpec, flux_class: object) -> tuple[dict[str, Any], Any]:
+    """run_row, under pyinstrument when HWR_BENCH_PROFILE names a folder (the profile goes there as text)."""
+    folder = os.environ.get(ENV_PROFILE)
+    if not folder:
+        return run_row(spec, flux_class)
+    import pyinstrument
+
+    profiler = pyinstrument.Profiler(interval=0.0005)
+    profiler.start()
+    try:
+        return run_row(spec, flux_class)
+    finally:
+        profiler.stop()
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.name).strip("_")
+        (Path(folder) / f"{name}-{os.getpid()}.txt").write_text(profiler.output_text(unicode=False, color=False))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one row once, as the runner directs over stdin and stdout."""
     arguments = list(sys.argv[1:] if argv is None else argv)
@@ -54,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     loaded = None
     try:
-        row, loaded = run_row(spec, flux_class)
+        row, loaded = _profiled(spec, flux_class)
         replies.write(json.dumps({"row": row}) + "\n")
     except Exception:
         replies.write(json.dumps({"error": f"{spec.name}: {traceback.format_exc(limit=8)}"}) + "\n")
