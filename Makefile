@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint demo bench clean
+.PHONY: setup test lint demo bench bench-quick clean
 
 setup: $(STAMP)
 
@@ -12,7 +12,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[test,lint,diffusion]"
+	$(BIN)/python -m pip install --quiet -e ".[test,lint,diffusion,bench]"
 	touch $(STAMP)
 
 test: setup
@@ -25,8 +25,12 @@ lint: setup
 demo: setup
 	$(BIN)/hwr demo
 
+# Every row side by side (about 10 minutes); `make bench-quick` is under 3.
 bench: setup
-	$(BIN)/python benchmarks/publish_throughput.py
+	$(BIN)/hwr bench
+
+bench-quick: setup
+	$(BIN)/hwr bench --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
