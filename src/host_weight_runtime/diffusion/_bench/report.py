@@ -83,8 +83,9 @@ def markdown(report: BenchReport) -> str:
         "",
         f"FluxTransformer2DModel: {model['checkpoint_bytes'] / MIB:.0f} MiB FP32 checkpoint, "
         f"{model['artifact_bytes'] / MIB:.0f} MiB final-layout artifact ({model['tensors']} tensors). "
-        f"{options['runs']} runs per figure, each in a fresh process; {options['workers']} concurrent workers "
-        f"for PSS. `hwr bench` took {data['elapsed_s']:.0f} s.",
+        f"{options['runs']} runs per time figure, each in a fresh process; {options['workers']} concurrent "
+        f"workers for PSS ({options.get('memory_runs', options['runs'])} runs). "
+        f"`hwr bench` took {data['elapsed_s']:.0f} s.",
         "",
         "**Page cache hot**",
         "",
