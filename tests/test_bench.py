@@ -6,9 +6,11 @@ import ctypes
 import json
 import mmap
 import os
+import signal
 import tempfile
 import warnings
 from collections.abc import Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,8 @@ from host_weight_runtime.diffusion._bench.runner import (
 )
 from host_weight_runtime.diffusion._bench.worker import ENV_PROFILE
 from host_weight_runtime.diffusion._synthetic_models import build_model
+
+from .support import CHILD_TIMEOUT_S, SPAWN, reaped_children, recv_within
 
 MIB = 1 << 20
 
@@ -273,3 +277,38 @@ def test_bench_writes_json_and_a_markdown_table_of_every_row(bench_run: tuple[in
     for goal in data["goals"]:
         assert goal["goal"] in text
     assert data["machine"]["cpus"] is not None and str(data["machine"]["cpus"]) in text
+
+
+def _bench_until_paused(workdir: str, conn: Connection) -> None:
+    """A child that runs a tiny benchmark and stops, reporting, just before the first row is measured."""
+    from host_weight_runtime._faults import Fault, FaultAction, arm
+    from host_weight_runtime.diffusion._bench.runner import BenchOptions, run_bench
+
+    def pause(_point: str) -> None:
+        conn.send(("paused", os.getpid()))
+        conn.recv()  # never answered: the test terminates this process here
+
+    arm("bench.before_rows", Fault(FaultAction.PAUSE, hook=pause))
+    options = BenchOptions(size_gib=0.02, runs=1, workers=1, cold_starters=1, cold_cache=False, workdir=Path(workdir))
+    run_bench(options)
+
+
+def test_sigterm_removes_the_folders_and_the_huge_page_mount(tmp_path: Path) -> None:
+    """A benchmark stopped with SIGTERM leaves nothing behind: no work folders, no tmpfs mount."""
+    shm_before = set(Path("/dev/shm").glob("hwr-bench-*"))
+    parent_conn, child_conn = SPAWN.Pipe()
+    with reaped_children() as children:
+        child = SPAWN.Process(target=_bench_until_paused, args=(str(tmp_path), child_conn), daemon=True)
+        children.append(child)
+        child.start()
+        child_conn.close()
+        message = recv_within(parent_conn, 600)
+        assert isinstance(message, tuple) and message[0] == "paused"
+        (disk_dir,) = tmp_path.glob("hwr-bench-*")
+        assert (disk_dir / "pipeline").is_dir()
+        os.kill(child.pid or 0, signal.SIGTERM)
+        child.join(CHILD_TIMEOUT_S)
+        assert child.exitcode == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == []
+    assert str(tmp_path) not in Path("/proc/mounts").read_text()
+    assert set(Path("/dev/shm").glob("hwr-bench-*")) == shm_before

@@ -28,6 +28,8 @@ from typing import IO, Any
 
 import torch
 
+from ..._demo import _terminate_as_exit
+from ..._faults import fault_point
 from ...canonical_json import JsonValue
 from ...config import HostWeightRuntimeConfig, RuntimeMode, StorageClass
 from ...filesystem._fsutil import remove_tree
@@ -479,7 +481,8 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
     if not disk_parent.is_dir():
         raise ValueError(f"--workdir {disk_parent} is not a directory")
     bf16_bytes = int(options.size_gib * GIB)
-    with contextlib.ExitStack() as cleanup:
+    # SIGTERM becomes SystemExit, so the folders, the huge-page mount and the workers go with it.
+    with _terminate_as_exit(), contextlib.ExitStack() as cleanup:
         disk_dir = Path(tempfile.mkdtemp(prefix="hwr-bench-", dir=disk_parent))
         cleanup.callback(remove_tree, disk_dir)
         shm_dir = Path(tempfile.mkdtemp(prefix="hwr-bench-", dir=SHM))
@@ -607,6 +610,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
                 )
             )
 
+        fault_point("bench.before_rows")
         measurements = _Measurements(options, shm_dir, worker_log, say)
         results: dict[str, dict[str, Any]] = {}
         for row in rows:
