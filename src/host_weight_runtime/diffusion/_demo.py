@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import os
 import sys
 import tempfile
@@ -61,6 +60,7 @@ from ..config import HostWeightRuntimeConfig, RuntimeMode, StorageClass
 from ..filesystem._fsutil import remove_tree
 from ..outcomes import PostLoadPublicationStatus, ResolutionOutcome
 from ..runtime import HostWeightRuntime
+from ._bench.measure import touch_model
 from ._synthetic_models import TRANSFORMER_SUBFOLDER, forward_inputs, run_forward, save_flux_pipeline_folder
 from .loader import LoadedComponent, load_component
 
@@ -76,7 +76,6 @@ __all__ = [
 ]
 
 MIB = 1 << 20
-PAGE_BYTES = 4096
 DEFAULT_SIZE_MIB = 320
 DEFAULT_WORKERS = 3
 MODEL_SEED = 0
@@ -249,28 +248,10 @@ class FluxDemoReport:
 # --------------------------------------------------------------------------- the child side
 
 
-def _model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
-    """Every parameter and buffer once (by storage address), detached."""
-    seen: set[int] = set()
-    tensors: list[torch.Tensor] = []
-    for tensor in itertools.chain(model.parameters(), model.buffers()):
-        if tensor.numel() == 0 or tensor.data_ptr() in seen:
-            continue
-        seen.add(tensor.data_ptr())
-        tensors.append(tensor.detach())
-    return tensors
-
-
 def _touch_model(model: torch.nn.Module) -> int:
-    """Read one byte in every 4 KiB page of every parameter and buffer (and its last byte); return pages read."""
-    touched = 0
-    with torch.inference_mode():
-        for tensor in _model_tensors(model):
-            flat = tensor.reshape(-1).view(torch.uint8)
-            sample = flat[::PAGE_BYTES]
-            int(sample.sum()) + int(flat[-1])  # the reads fault the pages in
-            touched += sample.numel()
-    return touched
+    """Read one byte in every 4 KiB page of every parameter and buffer (the benchmark's touch pass); return pages."""
+    pages, _checksum = touch_model(model)
+    return pages
 
 
 def _flux_class() -> Any:

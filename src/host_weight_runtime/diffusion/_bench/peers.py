@@ -42,6 +42,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from ...tensors import SAFETENSORS_DTYPES
+
 __all__ = [
     "PEERS",
     "Peer",
@@ -277,22 +279,6 @@ def _load_safetensors_load_file(path: Path) -> PeerLoad:
     return PeerLoad(load_file(str(path)), None)
 
 
-_SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
-    "BOOL": torch.bool,
-    "U8": torch.uint8,
-    "I8": torch.int8,
-    "I16": torch.int16,
-    "I32": torch.int32,
-    "I64": torch.int64,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F32": torch.float32,
-    "F64": torch.float64,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-}
-
-
 def _mmap_views(mapped: mmap.mmap, path: Path) -> dict[str, torch.Tensor]:
     """Parse the safetensors header (8-byte little-endian length, then JSON) and view each tensor in place."""
     if len(mapped) < 8:
@@ -308,7 +294,7 @@ def _mmap_views(mapped: mmap.mmap, path: Path) -> dict[str, torch.Tensor]:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+        dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
         if dtype is None:
             raise ValueError(f"{path}: tensor {name!r} has dtype {entry['dtype']!r}, which this peer does not map")
         shape = [int(d) for d in entry["shape"]]
