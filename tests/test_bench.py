@@ -18,23 +18,20 @@ import pytest
 import torch
 
 from host_weight_runtime.cli import main
+from host_weight_runtime.diffusion._bench.batch import WorkerBatch, evict_from_page_cache
+from host_weight_runtime.diffusion._bench.goals import goals as goal_table
 from host_weight_runtime.diffusion._bench.measure import PAGE_BYTES, LoadKind, RowSpec, touch_model
-from host_weight_runtime.diffusion._bench.peers import PEERS, Peer, PeerFormat
-from host_weight_runtime.diffusion._bench.report import markdown
-from host_weight_runtime.diffusion._bench.runner import (
+from host_weight_runtime.diffusion._bench.names import (
     CANONICAL,
     COLD_BACKGROUND,
     COLD_PUBLISH,
     COLD_STREAM,
     VIEWS_SHM,
     WARM_SHM,
-    BenchReport,
-    _Batch,
-    _goals,
-    _huge_tmpfs,
-    evict_from_page_cache,
-    unavailable_peers,
 )
+from host_weight_runtime.diffusion._bench.peers import PEERS, Peer, PeerFormat
+from host_weight_runtime.diffusion._bench.report import markdown
+from host_weight_runtime.diffusion._bench.runner import BenchReport, _huge_tmpfs, unavailable_peers
 from host_weight_runtime.diffusion._bench.worker import ENV_PROFILE
 from host_weight_runtime.diffusion._synthetic_models import build_model
 
@@ -123,7 +120,7 @@ def test_a_failing_run_reports_the_worker_traceback(tmp_path: Path) -> None:
         peer_file=str(tmp_path / "missing.safetensors"),
     )
     with (tmp_path / "workers.log").open("wb") as log:
-        batch = _Batch([spec], hold=False, log=log, timeout_s=300)
+        batch = WorkerBatch([spec], hold=False, log=log, timeout_s=300)
         try:
             with pytest.raises(RuntimeError, match="broken"):
                 batch.go([0])
@@ -158,7 +155,7 @@ def test_goals_compare_each_measured_ratio_with_its_target() -> None:
         "model": {"artifact_bytes": 100 * MIB},
         "throughput": {"publication_vs_raw": 0.9, "full_checksum_vs_sha256": 1.5},
     }
-    goals = {goal["goal"]: goal for goal in _goals(data)}
+    goals = {goal["goal"]: goal for goal in goal_table(data)}
     assert goals["warm on /dev/shm: x faster than canonical"]["value"] == pytest.approx(10.0)
     assert goals["warm on /dev/shm: x faster than canonical"]["met"] is False
     assert goals["cold (canonical + publish): x canonical"]["met"] is False  # 1.5 > 1.3

@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .runner import CANONICAL, COLD, HOT, BenchReport
+from .names import CANONICAL, COLD, HOT
+from .runner import BenchReport
 
 __all__ = ["markdown", "result_path"]
 

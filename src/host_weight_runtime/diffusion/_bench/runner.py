@@ -11,18 +11,13 @@ except the 4-worker memory groups and the concurrent cold starters, which start 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import platform
-import select
 import shutil
-import statistics
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,27 +31,32 @@ from ...filesystem._fsutil import remove_tree
 from ...runtime import HostWeightRuntime
 from .._synthetic_models import TRANSFORMER_SUBFOLDER, save_flux_pipeline_folder
 from ..loader import load_component, prewarm_component
+from .batch import WorkerBatch, evict_from_page_cache
+from .goals import goals, ratio
+from .machine import describe_machine, filesystem_type
 from .measure import LoadKind, RowSpec, memory_rollup
+from .names import (
+    CANONICAL,
+    COLD,
+    COLD_BACKGROUND,
+    COLD_PUBLISH,
+    COLD_STREAM,
+    HOT,
+    VIEWS_HUGE,
+    VIEWS_SHM,
+    WARM_HUGE,
+    WARM_SHM,
+)
 from .peers import PEERS, Peer, PeerFormat, peer_file_name, peer_unavailable_reason, write_peer_files
+from .stats import Stats
 from .throughput import ThroughputSamples, measure_throughput
-from .worker import worker_command
 
-__all__ = ["BenchOptions", "BenchReport", "Stats", "evict_from_page_cache", "run_bench", "unavailable_peers"]
+__all__ = ["BenchOptions", "BenchReport", "run_bench", "unavailable_peers"]
 
 GIB = 1 << 30
 MIB = 1 << 20
 SHM = Path("/dev/shm")
-CANONICAL = "canonical"
-COLD_PUBLISH = "hwr cold: canonical + publish"
-COLD_STREAM = "hwr cold: streaming producer"
-COLD_BACKGROUND = "hwr cold: canonical + background publish"
-WARM_SHM = "hwr warm: /dev/shm"
-WARM_HUGE = "hwr warm: huge-page tmpfs"
-VIEWS_SHM = "safetensors-mmap-views: /dev/shm"
-VIEWS_HUGE = "safetensors-mmap-views: huge-page tmpfs"
-HOT = "hot"
 _GOAL_MEMORY_ROWS = frozenset({CANONICAL, WARM_SHM, WARM_HUGE, VIEWS_SHM})
-COLD = "cold"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,124 +90,10 @@ class BenchOptions:
 
 
 @dataclass(frozen=True, slots=True)
-class Stats:
-    """Median, min and max of one figure over the runs, with the samples."""
-
-    median: float
-    minimum: float
-    maximum: float
-    samples: tuple[float, ...]
-
-    @classmethod
-    def of(cls, samples: Sequence[float]) -> Stats:
-        return cls(statistics.median(samples), min(samples), max(samples), tuple(samples))
-
-    def to_dict(self) -> dict[str, JsonValue]:
-        return {"median": self.median, "min": self.minimum, "max": self.maximum, "samples": list(self.samples)}
-
-
-@dataclass(frozen=True, slots=True)
 class BenchReport:
     """Everything one `hwr bench` run measured, as the JSON written to benchmarks/results."""
 
     data: dict[str, JsonValue] = field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------- worker batches
-
-
-def evict_from_page_cache(paths: Sequence[Path]) -> None:
-    """Drop the clean page-cache pages of these files (POSIX_FADV_DONTNEED), so the next read comes from disk."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-class _Batch:
-    """Fresh worker processes, one per run, started together and all imported before any is told to go."""
-
-    def __init__(self, specs: Sequence[RowSpec], *, hold: bool, log: IO[bytes], timeout_s: float) -> None:
-        self._deadline = time.monotonic() + timeout_s
-        self._processes: list[subprocess.Popen[bytes]] = []
-        self._buffers: list[bytes] = []
-        try:
-            for spec in specs:
-                self._processes.append(
-                    subprocess.Popen(
-                        worker_command(spec, hold=hold), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
-                    )
-                )
-                self._buffers.append(b"")
-            for index in range(len(self._processes)):
-                self._message(index)
-        except BaseException:
-            self.close()
-            raise
-
-    def _message(self, index: int) -> dict[str, Any]:
-        """The next JSON line from worker `index`, within the batch's deadline."""
-        process = self._processes[index]
-        assert process.stdout is not None
-        fd = process.stdout.fileno()
-        while b"\n" not in self._buffers[index]:
-            remaining = self._deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"benchmark worker {process.pid} did not answer before the deadline")
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if readable:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    raise RuntimeError(f"benchmark worker {process.pid} exited (status {process.wait()}); see its log")
-                self._buffers[index] += chunk
-        line, _, self._buffers[index] = self._buffers[index].partition(b"\n")
-        message: dict[str, Any] = json.loads(line)
-        if "error" in message:
-            raise RuntimeError(f"benchmark run failed:\n{message['error']}")
-        return message
-
-    def _send(self, index: int, word: str) -> None:
-        stdin = self._processes[index].stdin
-        assert stdin is not None
-        stdin.write(word.encode() + b"\n")
-        stdin.flush()
-
-    def go(self, indices: Sequence[int]) -> tuple[list[dict[str, Any]], float]:
-        """Start these workers together; return their rows and the wall time until the last was ready."""
-        started = time.perf_counter()
-        for index in indices:
-            self._send(index, "go")
-        rows = [self._message(index)["row"] for index in indices]
-        return rows, (time.perf_counter() - started) * 1000.0
-
-    def pid(self, index: int) -> int:
-        return self._processes[index].pid
-
-    def release(self, indices: Sequence[int]) -> None:
-        for index in indices:
-            self._send(index, "release")
-
-    def finish(self, indices: Sequence[int]) -> None:
-        """Wait until these workers have exited, so their teardown (unmapping, freeing) never overlaps a run."""
-        for index in indices:
-            process = self._processes[index]
-            if process.stdin is not None and not process.stdin.closed:
-                with contextlib.suppress(BrokenPipeError):
-                    process.stdin.close()
-            try:
-                process.wait(timeout=max(1.0, self._deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
-
-    def close(self) -> None:
-        """Wait for every worker to exit (killing any that outlive the deadline)."""
-        self.finish(range(len(self._processes)))
 
 
 # --------------------------------------------------------------------------- setup
@@ -307,8 +193,8 @@ class _Measurements:
         self._fresh += 1
         return RowSpec(**{**_spec_fields(row.spec), "root": str(self._shm_dir / f"cold-domain-{self._fresh}")})
 
-    def _batch(self, specs: Sequence[RowSpec], *, hold: bool) -> _Batch:
-        return _Batch(specs, hold=hold, log=self._log, timeout_s=self._options.timeout_s)
+    def _batch(self, specs: Sequence[RowSpec], *, hold: bool) -> WorkerBatch:
+        return WorkerBatch(specs, hold=hold, log=self._log, timeout_s=self._options.timeout_s)
 
     def solo(self, row: _Row, cache: str) -> dict[str, Any]:
         """`runs` fresh processes, measured one at a time (the others wait, imported and idle)."""
@@ -410,66 +296,7 @@ def _summarize_solo(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-# --------------------------------------------------------------------------- machine description
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.partition(":")[2].strip()
-    return platform.processor() or "unknown"
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _filesystem(path: Path) -> str:
-    done = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True, check=False)
-    return done.stdout.strip() or "unknown"
-
-
-def _machine(disk_dir: Path) -> dict[str, JsonValue]:
-    memory_kib = next(
-        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:")
-    )
-    shmem_thp = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
-    return {
-        "host": platform.node(),
-        "cpu": _cpu_model(),
-        "cpus": os.cpu_count(),
-        "memory_gib": round(memory_kib / (1 << 20), 1),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "diffusers": _version("diffusers"),
-        "safetensors": _version("safetensors"),
-        "tensorizer": _version("tensorizer"),
-        "runai-model-streamer": _version("runai-model-streamer"),
-        "fastsafetensors": _version("fastsafetensors"),
-        "checkpoint_filesystem": _filesystem(disk_dir),
-        "domain_filesystem": _filesystem(SHM),
-        "shmem_thp": shmem_thp.read_text().strip() if shmem_thp.exists() else None,
-    }
-
-
 # --------------------------------------------------------------------------- the whole run
-
-
-def _ratio(numerator: float, denominator: float) -> float | None:
-    return None if denominator <= 0 else numerator / denominator
-
-
-def _median(section: JsonValue, key: str) -> float:
-    assert isinstance(section, dict)
-    value = section[key]
-    assert isinstance(value, dict)
-    median = value["median"]
-    assert isinstance(median, float)
-    return median
 
 
 def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: None) -> BenchReport:
@@ -605,7 +432,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
             rows.append(
                 _Row(
                     spec(peer.name, LoadKind.PEER, peer=peer.name, peer_file=str(path)),
-                    f"{peer.description} (file on {_filesystem(path)}), assigned into the skeleton",
+                    f"{peer.description} (file on {filesystem_type(path)}), assigned into the skeleton",
                     (path, *checkpoint),
                 )
             )
@@ -634,7 +461,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
         elapsed = time.perf_counter() - started
         data: dict[str, Any] = {
             "date": time.strftime("%Y-%m-%d"),
-            "machine": _machine(disk_dir),
+            "machine": describe_machine(disk_dir, SHM),
             "options": {
                 "size_gib": options.size_gib,
                 "runs": options.runs,
@@ -657,7 +484,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
             "throughput": _throughput_dict(throughput),
             "elapsed_s": elapsed,
         }
-        data["goals"] = _goals(data)
+        data["goals"] = goals(data)
         return BenchReport(data)
 
 
@@ -672,82 +499,7 @@ def _throughput_dict(samples: ThroughputSamples) -> dict[str, JsonValue]:
         "publish_s": publish.to_dict(),
         "single_thread_sha256_s": sha.to_dict(),
         "full_checksum_s": full.to_dict(),
-        "publication_vs_raw": _ratio(raw.median, publish.median),
-        "publication_vs_raw_best": _ratio(raw.minimum, publish.minimum),
-        "full_checksum_vs_sha256": _ratio(sha.median, full.median),
+        "publication_vs_raw": ratio(raw.median, publish.median),
+        "publication_vs_raw_best": ratio(raw.minimum, publish.minimum),
+        "full_checksum_vs_sha256": ratio(sha.median, full.median),
     }
-
-
-def _goals(data: dict[str, JsonValue]) -> list[JsonValue]:
-    """Each goal of the benchmark issue with the measured ratio and whether it was met (reported, never asserted)."""
-    rows = data["rows"]
-    assert isinstance(rows, dict)
-
-    def ready(name: str, cache: str = HOT) -> float | None:
-        entry = rows.get(name)
-        if not isinstance(entry, dict) or cache not in entry:
-            return None
-        return _median(entry[cache], "time_to_ready_ms")
-
-    goals: list[JsonValue] = []
-
-    def goal(text: str, value: float | None, target: float, higher_is_better: bool = True) -> None:
-        met = None if value is None else (value >= target if higher_is_better else value <= target)
-        goals.append({"goal": text, "value": value, "target": target, "met": met})
-
-    canonical = ready(CANONICAL)
-    warm = ready(WARM_SHM)
-    huge = ready(WARM_HUGE)
-    if canonical is not None:
-        goal("warm on /dev/shm: x faster than canonical", None if warm is None else _ratio(canonical, warm), 20.0)
-        goal(
-            "warm on huge-page tmpfs: x faster than canonical", None if huge is None else _ratio(canonical, huge), 50.0
-        )
-        cold = ready(COLD_PUBLISH)
-        goal("cold (canonical + publish): x canonical", None if cold is None else _ratio(cold, canonical), 1.3, False)
-        in_background = ready(COLD_BACKGROUND)
-        goal(
-            "cold (canonical + background publish): x canonical",
-            None if in_background is None else _ratio(in_background, canonical),
-            1.3,
-            False,
-        )
-        stream = ready(COLD_STREAM)
-        goal(
-            "cold (streaming producer): x canonical", None if stream is None else _ratio(stream, canonical), 1.3, False
-        )
-    if warm is not None:
-        for peer in ("tensorizer", "runai-model-streamer", "fastsafetensors"):
-            value = ready(peer)
-            goal(f"warm x faster than {peer}", None if value is None else _ratio(value, warm), 5.0)
-        views = ready(VIEWS_SHM)
-        goal(
-            "warm / bare safetensors mmap views (same tmpfs)",
-            None if views is None else _ratio(warm, views),
-            1.25,
-            False,
-        )
-    if huge is not None:
-        views_huge = ready(VIEWS_HUGE)
-        goal(
-            "warm / bare safetensors mmap views (huge-page tmpfs)",
-            None if views_huge is None else _ratio(huge, views_huge),
-            1.25,
-            False,
-        )
-    model = data["model"]
-    assert isinstance(model, dict)
-    artifact = model["artifact_bytes"]
-    assert isinstance(artifact, int)
-    for name in (WARM_SHM, WARM_HUGE):
-        entry = rows.get(name)
-        if isinstance(entry, dict) and "memory_group" in entry:
-            weights = _median(entry["memory_group"], "weights_pss_sum_bytes")
-            goal(f"{name}: 4 workers' weight PSS / one artifact", weights / artifact, 1.2, False)
-    throughput = data["throughput"]
-    assert isinstance(throughput, dict)
-    publication = throughput["publication_vs_raw"]
-    full = throughput["full_checksum_vs_sha256"]
-    goal("publication throughput / raw write+fsync", publication if isinstance(publication, float) else None, 0.8)
-    goal("FULL_CHECKSUM throughput / single-thread SHA-256", full if isinstance(full, float) else None, 2.0)
-    return goals

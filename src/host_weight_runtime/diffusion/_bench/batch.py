@@ -1,0 +1,112 @@
+"""Fresh worker processes for benchmark runs: started together, imported before any is told to go."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from .measure import RowSpec
+from .worker import worker_command
+
+__all__ = ["WorkerBatch", "evict_from_page_cache"]
+
+
+def evict_from_page_cache(paths: Sequence[Path]) -> None:
+    """Drop the clean page-cache pages of these files (POSIX_FADV_DONTNEED), so the next read comes from disk."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+class WorkerBatch:
+    """Fresh worker processes, one per run, started together and all imported before any is told to go."""
+
+    def __init__(self, specs: Sequence[RowSpec], *, hold: bool, log: IO[bytes], timeout_s: float) -> None:
+        self._deadline = time.monotonic() + timeout_s
+        self._processes: list[subprocess.Popen[bytes]] = []
+        self._buffers: list[bytes] = []
+        try:
+            for spec in specs:
+                self._processes.append(
+                    subprocess.Popen(
+                        worker_command(spec, hold=hold), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
+                    )
+                )
+                self._buffers.append(b"")
+            for index in range(len(self._processes)):
+                self._message(index)
+        except BaseException:
+            self.close()
+            raise
+
+    def _message(self, index: int) -> dict[str, Any]:
+        """The next JSON line from worker `index`, within the batch's deadline."""
+        process = self._processes[index]
+        assert process.stdout is not None
+        fd = process.stdout.fileno()
+        while b"\n" not in self._buffers[index]:
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"benchmark worker {process.pid} did not answer before the deadline")
+            readable, _, _ = select.select([fd], [], [], remaining)
+            if readable:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise RuntimeError(f"benchmark worker {process.pid} exited (status {process.wait()}); see its log")
+                self._buffers[index] += chunk
+        line, _, self._buffers[index] = self._buffers[index].partition(b"\n")
+        message: dict[str, Any] = json.loads(line)
+        if "error" in message:
+            raise RuntimeError(f"benchmark run failed:\n{message['error']}")
+        return message
+
+    def _send(self, index: int, word: str) -> None:
+        stdin = self._processes[index].stdin
+        assert stdin is not None
+        stdin.write(word.encode() + b"\n")
+        stdin.flush()
+
+    def go(self, indices: Sequence[int]) -> tuple[list[dict[str, Any]], float]:
+        """Start these workers together; return their rows and the wall time until the last was ready."""
+        started = time.perf_counter()
+        for index in indices:
+            self._send(index, "go")
+        rows = [self._message(index)["row"] for index in indices]
+        return rows, (time.perf_counter() - started) * 1000.0
+
+    def pid(self, index: int) -> int:
+        return self._processes[index].pid
+
+    def release(self, indices: Sequence[int]) -> None:
+        for index in indices:
+            self._send(index, "release")
+
+    def finish(self, indices: Sequence[int]) -> None:
+        """Wait until these workers have exited, so their teardown (unmapping, freeing) never overlaps a run."""
+        for index in indices:
+            process = self._processes[index]
+            if process.stdin is not None and not process.stdin.closed:
+                with contextlib.suppress(BrokenPipeError):
+                    process.stdin.close()
+            try:
+                process.wait(timeout=max(1.0, self._deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+
+    def close(self) -> None:
+        """Wait for every worker to exit (killing any that outlive the deadline)."""
+        self.finish(range(len(self._processes)))

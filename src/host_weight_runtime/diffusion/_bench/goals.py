@@ -1,0 +1,102 @@
+"""The benchmark issue's goals, each with the measured ratio and whether it was met (reported, never asserted)."""
+
+from __future__ import annotations
+
+from ...canonical_json import JsonValue
+from .names import (
+    CANONICAL,
+    COLD_BACKGROUND,
+    COLD_PUBLISH,
+    COLD_STREAM,
+    HOT,
+    VIEWS_HUGE,
+    VIEWS_SHM,
+    WARM_HUGE,
+    WARM_SHM,
+)
+
+__all__ = ["goals", "ratio"]
+
+
+def ratio(numerator: float, denominator: float) -> float | None:
+    return None if denominator <= 0 else numerator / denominator
+
+
+def _median(section: JsonValue, key: str) -> float:
+    assert isinstance(section, dict)
+    value = section[key]
+    assert isinstance(value, dict)
+    median = value["median"]
+    assert isinstance(median, float)
+    return median
+
+
+def goals(data: dict[str, JsonValue]) -> list[JsonValue]:
+    """Each goal of the benchmark issue with the measured ratio and whether it was met (reported, never asserted)."""
+    rows = data["rows"]
+    assert isinstance(rows, dict)
+
+    def ready(name: str, cache: str = HOT) -> float | None:
+        entry = rows.get(name)
+        if not isinstance(entry, dict) or cache not in entry:
+            return None
+        return _median(entry[cache], "time_to_ready_ms")
+
+    goals: list[JsonValue] = []
+
+    def goal(text: str, value: float | None, target: float, higher_is_better: bool = True) -> None:
+        met = None if value is None else (value >= target if higher_is_better else value <= target)
+        goals.append({"goal": text, "value": value, "target": target, "met": met})
+
+    canonical = ready(CANONICAL)
+    warm = ready(WARM_SHM)
+    huge = ready(WARM_HUGE)
+    if canonical is not None:
+        goal("warm on /dev/shm: x faster than canonical", None if warm is None else ratio(canonical, warm), 20.0)
+        goal("warm on huge-page tmpfs: x faster than canonical", None if huge is None else ratio(canonical, huge), 50.0)
+        cold = ready(COLD_PUBLISH)
+        goal("cold (canonical + publish): x canonical", None if cold is None else ratio(cold, canonical), 1.3, False)
+        in_background = ready(COLD_BACKGROUND)
+        goal(
+            "cold (canonical + background publish): x canonical",
+            None if in_background is None else ratio(in_background, canonical),
+            1.3,
+            False,
+        )
+        stream = ready(COLD_STREAM)
+        goal("cold (streaming producer): x canonical", None if stream is None else ratio(stream, canonical), 1.3, False)
+    if warm is not None:
+        for peer in ("tensorizer", "runai-model-streamer", "fastsafetensors"):
+            value = ready(peer)
+            goal(f"warm x faster than {peer}", None if value is None else ratio(value, warm), 5.0)
+        views = ready(VIEWS_SHM)
+        goal(
+            "warm / bare safetensors mmap views (same tmpfs)",
+            None if views is None else ratio(warm, views),
+            1.25,
+            False,
+        )
+    if huge is not None:
+        views_huge = ready(VIEWS_HUGE)
+        goal(
+            "warm / bare safetensors mmap views (huge-page tmpfs)",
+            None if views_huge is None else ratio(huge, views_huge),
+            1.25,
+            False,
+        )
+    model = data["model"]
+    assert isinstance(model, dict)
+    artifact = model["artifact_bytes"]
+    assert isinstance(artifact, int)
+    for name in (WARM_SHM, WARM_HUGE):
+        entry = rows.get(name)
+        if isinstance(entry, dict) and "memory_group" in entry:
+            weights = _median(entry["memory_group"], "weights_pss_sum_bytes")
+            goal(f"{name}: 4 workers' weight PSS / one artifact", weights / artifact, 1.2, False)
+    throughput = data["throughput"]
+    assert isinstance(throughput, dict)
+    publication = throughput["publication_vs_raw"]
+    full = throughput["full_checksum_vs_sha256"]
+    goal("publication throughput / raw write+fsync", publication if isinstance(publication, float) else None, 0.8)
+    goal("FULL_CHECKSUM throughput / single-thread SHA-256", full if isinstance(full, float) else None, 2.0)
+    return goals

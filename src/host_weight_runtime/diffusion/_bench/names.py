@@ -1,0 +1,27 @@
+"""The names of the benchmark's rows and page-cache states, shared by the runner, the goals and the report."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CANONICAL",
+    "COLD",
+    "COLD_BACKGROUND",
+    "COLD_PUBLISH",
+    "COLD_STREAM",
+    "HOT",
+    "VIEWS_HUGE",
+    "VIEWS_SHM",
+    "WARM_HUGE",
+    "WARM_SHM",
+]
+
+CANONICAL = "canonical"
+COLD_PUBLISH = "hwr cold: canonical + publish"
+COLD_STREAM = "hwr cold: streaming producer"
+COLD_BACKGROUND = "hwr cold: canonical + background publish"
+WARM_SHM = "hwr warm: /dev/shm"
+WARM_HUGE = "hwr warm: huge-page tmpfs"
+VIEWS_SHM = "safetensors-mmap-views: /dev/shm"
+VIEWS_HUGE = "safetensors-mmap-views: huge-page tmpfs"
+HOT = "hot"
+COLD = "cold"
