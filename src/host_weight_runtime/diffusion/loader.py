@@ -541,7 +541,7 @@ def load_component(
     if resolution.lease is not None:
         lease = resolution.lease
         try:
-            FinalLayoutTensorRestorer(context).plan_restore(prepared.holder, lease).commit()
+            FinalLayoutTensorRestorer(context)._plan_on_identity_skeleton(prepared.holder, lease).commit()
         except HostWeightError as exc:
             lease.close()
             if mode is RuntimeMode.REQUIRED:

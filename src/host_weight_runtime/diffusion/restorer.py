@@ -125,6 +125,18 @@ class FinalLayoutTensorRestorer:
 
     def plan_restore(self, model: object, lease: HostWeightLease) -> FinalLayoutTensorRestorePlan:
         """Check everything a commit depends on; mutates neither the model nor the lease (D12)."""
+        return self._plan(model, lease, rediscover=True)
+
+    def _plan_on_identity_skeleton(self, model: object, lease: HostWeightLease) -> FinalLayoutTensorRestorePlan:
+        """`plan_restore` for the very skeleton the identity was just built on, which no other code has seen.
+
+        Only `load_component` calls it: it built that skeleton, discovered its tensors for the
+        identity and handed it to nobody since, so discovering them again could find nothing new.
+        Every lease-side check (key, schema, coverage, shapes, dtypes, kinds, roles) still runs.
+        """
+        return self._plan(model, lease, rediscover=False)
+
+    def _plan(self, model: object, lease: HostWeightLease, *, rediscover: bool) -> FinalLayoutTensorRestorePlan:
         context = self._context
         if not isinstance(model, torch.nn.Module):
             raise restore_error(f"the model must be a torch.nn.Module, got {type(model).__name__}")
@@ -144,7 +156,7 @@ class FinalLayoutTensorRestorer:
                 f"the artifact needs restorer schema {manifest.restorer_schema!r}; this restorer is {self.schema!r}"
             )
         dit_modules = dit_modules_of(model, context)
-        if discover_final_layout_tensors(dit_modules, context.policy) != context.tensors:
+        if rediscover and discover_final_layout_tensors(dit_modules, context.policy) != context.tensors:
             raise restore_error(
                 "the model's tensors do not match the identity's tensor contract; build the identity on this model",
             )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..canonical_json import CanonicalJson, JsonValue, encode_canonical
+from ..canonical_json import CanonicalJson, JsonValue, encode_canonical_trusted
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage
 from ..protocols import TensorWriteSpec
 from ..tensors import TensorKind, dtype_code
@@ -104,8 +104,8 @@ class TensorOwnership:
 
 def tensor_contract_digest(tensors: Sequence[FinalLayoutTensor]) -> str:
     """SHA-256 over the sorted (name, kind, role, shape, dtype, stride) rows."""
-    rows = [tensor.to_dict() for tensor in sorted(tensors, key=lambda tensor: tensor.name)]
-    return hashlib.sha256(encode_canonical(rows)).hexdigest()
+    rows: list[JsonValue] = [tensor.to_dict() for tensor in sorted(tensors, key=lambda tensor: tensor.name)]
+    return hashlib.sha256(encode_canonical_trusted(rows)).hexdigest()  # rows of validated, typed fields
 
 
 def _check_dit_names(dit_modules: Sequence[tuple[str, torch.nn.Module]]) -> None:
