@@ -1,0 +1,203 @@
+"""`NodeSourceDigestCache`: the workers of a node hash a local checkpoint file once (D03).
+
+    <root>/source-digests-v1/
+      entries/<key>.json   canonical JSON: realpath, stat state, digest, entry_sha256
+      locks/<key>.lock     exclusive while one worker hashes the file (never unlinked)
+
+where <key> is the SHA-256 of the file's realpath and stat state. The cache is an
+optimisation only: a damaged entry is recomputed, and a lock timeout or a directory
+failure falls back to hashing directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import hashlib
+import logging
+import os
+import re
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._faults import fault_point
+from ..canonical_json import CanonicalJson, JsonValue, decode_json, encode_canonical
+from ..failures import HostWeightError, ResolutionStage
+from ..filesystem._fsutil import read_small_file, write_file_atomic
+from ..filesystem.locks import acquire_lock
+from ._file_state import FileState, check_state, hash_file
+
+# Logged under the public module's name, the one logger users configure for source identity.
+_LOG = logging.getLogger(__name__.rpartition(".")[0] + ".source_identity")
+
+DIGEST_ENTRY_SCHEMA = "hwr-source-digest-entry-v1"
+_CACHE_DIR = "source-digests-v1"
+_ENTRY_LIMIT_BYTES = 64 * 1024
+_SHA256_ID = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+class _EntryVerdict(enum.Enum):
+    MISSING = "missing"
+    VALID = "valid"
+    CORRUPT = "corrupt"
+    MISMATCHED = "mismatched"
+
+
+@dataclass(frozen=True, slots=True)
+class _EntryRead:
+    verdict: _EntryVerdict
+    digest: str | None = None
+    reason: str = ""
+
+
+def _entry_body(realpath: str, state: FileState) -> dict[str, JsonValue]:
+    return {"schema": DIGEST_ENTRY_SCHEMA, "path": realpath, **state.to_dict()}
+
+
+def _entry_bytes(realpath: str, state: FileState, digest: str) -> bytes:
+    body = {**_entry_body(realpath, state), "digest": digest}
+    return encode_canonical({**body, "entry_sha256": hashlib.sha256(encode_canonical(body)).hexdigest()})
+
+
+def _parse_entry(data: bytes, expected: dict[str, JsonValue]) -> _EntryRead:
+    """Check an entry's form, self-checksum and subject; never raises for bad content."""
+    try:
+        CanonicalJson(data)
+        value = decode_json(data)
+    except ValueError as exc:
+        return _EntryRead(_EntryVerdict.CORRUPT, reason=f"not canonical JSON ({exc})")
+    if not isinstance(value, dict) or set(value) != {*expected, "digest", "entry_sha256"}:
+        return _EntryRead(_EntryVerdict.CORRUPT, reason="unexpected fields")
+    checksum = value.pop("entry_sha256")
+    if not isinstance(checksum, str) or hashlib.sha256(encode_canonical(value)).hexdigest() != checksum:
+        return _EntryRead(_EntryVerdict.CORRUPT, reason="its entry_sha256 does not match its content")
+    digest = value.pop("digest")
+    if not isinstance(digest, str) or not _SHA256_ID.fullmatch(digest):
+        return _EntryRead(_EntryVerdict.CORRUPT, reason="its digest is not 'sha256:<64 hex>'")
+    if value != expected:
+        return _EntryRead(_EntryVerdict.MISMATCHED, reason="it records a different file or stat state")
+    return _EntryRead(_EntryVerdict.VALID, digest=digest)
+
+
+class NodeSourceDigestCache:
+    """Share content-backed local-source fingerprints across node workers."""
+
+    __slots__ = ("_counter_guard", "entries", "hashes_computed", "locks", "timeout_seconds")
+
+    def __init__(self, root: Path, *, timeout_seconds: float = 30.0) -> None:
+        if not isinstance(root, Path):
+            raise ValueError(f"NodeSourceDigestCache root must be a Path, got {type(root).__name__}")
+        if type(timeout_seconds) not in (int, float) or not 0 <= timeout_seconds < float("inf"):
+            raise ValueError(f"timeout_seconds must be a finite number >= 0, got {timeout_seconds!r}")
+        self.entries = root / _CACHE_DIR / "entries"
+        self.locks = root / _CACHE_DIR / "locks"
+        self.timeout_seconds = float(timeout_seconds)
+        self.hashes_computed = 0
+        self._counter_guard = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"NodeSourceDigestCache({str(self.entries.parent)!r}, hashes_computed={self.hashes_computed})"
+
+    @staticmethod
+    def _key(realpath: str, state: FileState) -> str:
+        return hashlib.sha256(encode_canonical({"realpath": realpath, **state.to_dict()})).hexdigest()
+
+    def entry_path(self, path: Path, state: FileState) -> Path:
+        """Where the entry for this file and state lives (for inspection and tests)."""
+        return self.entries / f"{self._key(os.path.realpath(path), state)}.json"
+
+    def lock_path(self, path: Path, state: FileState) -> Path:
+        """The lock a worker holds while it hashes this file and state."""
+        return self.locks / f"{self._key(os.path.realpath(path), state)}.lock"
+
+    def content_id(self, path: Path, state: FileState) -> str:
+        """`sha256:<hex>` of the file, hashed at most once per node for an unchanged file."""
+        check_state(path, state)
+        realpath = os.path.realpath(path)
+        key = self._key(realpath, state)
+        expected = _entry_body(realpath, state)
+        entry = self.entries / f"{key}.json"
+        try:
+            self._prepare_dirs()  # before any read: an entry in an untrusted directory must not be believed
+        except OSError as exc:
+            _LOG.warning("source digest cache %s is unusable (%s); hashing %s directly", self.entries.parent, exc, path)
+            return self._hash(path, state)
+        found = self._read_entry(entry, expected)
+        if found.digest is not None:
+            return found.digest
+        fault_point("source_digest_cache.before_lock")
+        try:
+            lock = acquire_lock(
+                self.locks / f"{key}.lock",
+                exclusive=True,
+                deadline=time.monotonic() + self.timeout_seconds,
+                stage=ResolutionStage.CANONICAL,
+                what="the source digest lock",
+            )
+        except HostWeightError as exc:
+            _LOG.warning("source digest cache: %s; hashing %s directly", exc, path)
+            return self._hash(path, state)
+        with lock:
+            found = self._read_entry(entry, expected)  # another worker may have finished meanwhile
+            if found.digest is not None:
+                return found.digest
+            fault_point("source_digest_cache.before_hash")
+            digest = self._hash(path, state)
+            try:
+                fault_point("source_digest_cache.before_write")
+                write_file_atomic(entry, _entry_bytes(realpath, state, digest), mode=0o600)
+            except OSError as exc:
+                _LOG.warning("source digest cache: could not write %s (%s); the digest is not shared", entry, exc)
+        return digest
+
+    def cached_content_id(self, path: Path, state: FileState) -> str | None:
+        """The cached `sha256:<hex>` of the file in this state, or None; never hashes, never waits."""
+        realpath = os.path.realpath(path)
+        try:
+            self._prepare_dirs()
+        except OSError:
+            return None
+        entry = self.entries / f"{self._key(realpath, state)}.json"
+        return self._read_entry(entry, _entry_body(realpath, state)).digest
+
+    def _hash(self, path: Path, state: FileState) -> str:
+        digest = hash_file(path, state)
+        with self._counter_guard:
+            self.hashes_computed += 1
+        return digest
+
+    def _read_entry(self, entry: Path, expected: dict[str, JsonValue]) -> _EntryRead:
+        """Read and check an entry; damaged or foreign entries are logged and treated as misses."""
+        try:
+            data = read_small_file(entry, _ENTRY_LIMIT_BYTES)
+        except FileNotFoundError:
+            return _EntryRead(_EntryVerdict.MISSING)
+        except (OSError, ValueError) as exc:
+            _LOG.warning("source digest cache: cannot read entry %s (%s); recomputing it", entry, exc)
+            return _EntryRead(_EntryVerdict.CORRUPT, reason=str(exc))
+        found = _parse_entry(data, expected)
+        if found.verdict is _EntryVerdict.CORRUPT:
+            _LOG.warning("source digest cache: entry %s is corrupt (%s); recomputing it", entry, found.reason)
+        elif found.verdict is _EntryVerdict.MISMATCHED:
+            _LOG.warning("source digest cache: rejecting entry %s (%s); recomputing it", entry, found.reason)
+        return found
+
+    def _prepare_dirs(self) -> None:
+        """Create the private cache directories and refuse ones another user could write."""
+        base = self.entries.parent
+        for directory in (base, self.entries, self.locks):
+            try:
+                info = os.lstat(directory)
+            except FileNotFoundError:
+                if directory is base:
+                    os.makedirs(base.parent, mode=0o700, exist_ok=True)
+                with contextlib.suppress(FileExistsError):  # a concurrent worker made it: checked below
+                    os.mkdir(directory, 0o700)
+                info = os.lstat(directory)
+            if not stat.S_ISDIR(info.st_mode):
+                raise NotADirectoryError(f"{directory} is not a directory (a symlink or a file is in the way)")
+            if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+                raise PermissionError(f"{directory} is writable by other users or not owned by this user")
