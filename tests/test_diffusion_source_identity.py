@@ -692,8 +692,6 @@ def test_fingerprint_follows_content_and_adapter_not_location(tmp_path: Path) ->
     assert metadata["sources"] == [
         {
             "prefix": "transformer.",
-            "subfolder": None,
-            "source_kind": "local_path",
             "use_safetensors": True,
             "checkpoint_adapter": None,
             "files": [{"name": WEIGHTS, "content_id": _sha256_id(_weights(40)), "size": len(_weights(40))}],

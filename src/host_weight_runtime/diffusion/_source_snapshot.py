@@ -17,7 +17,7 @@ from ._file_state import FileState, check_state, hash_file, stat_source
 from ._hub_snapshot import hub_blob_content_id
 from ._weight_source import MAX_LISTED, PreparedWeightSource
 
-SOURCES_SCHEMA = "hwr-final-layout-sources-v1"
+SOURCES_SCHEMA = "hwr-final-layout-sources-v2"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -42,25 +42,41 @@ class SourceFileRecord:
             raise ValueError("SourceFileRecord.content_id must be 'sha256:<hex>' or 'hub-blob:<name>'")
 
 
+def key_content_id(content_id: str) -> str:
+    """The content id as the key spells it: a 64-hex hub blob name is the file's SHA-256, so one spelling.
+
+    huggingface_hub names an LFS blob by the SHA-256 of its bytes, so a cached snapshot and a
+    plain copy of it share a key. A 40-hex (git SHA-1) blob, a small file kept in git, stays
+    `hub-blob:<name>`: its SHA-256 is unknown without reading it.
+    """
+    name = content_id.removeprefix("hub-blob:")
+    return f"sha256:{name}" if name != content_id and _HEX64.fullmatch(name) else content_id
+
+
 def sources_document(
     sources: Sequence[PreparedWeightSource], files: Sequence[SourceFileRecord]
 ) -> dict[str, JsonValue]:
-    """What identifies the sources: prefixes, adapters and file contents, never absolute paths or stat facts."""
+    """What identifies the sources: content, never where it was read from (D05).
+
+    Per source: the prefix (the component the tensors belong to), the checkpoint format and
+    adapter, and each file's name inside the component folder (which tensors come from which
+    shard), content id and size. No model id, revision, path, subfolder spelling, source kind
+    or stat fact: the same bytes reached through a repo id, a snapshot folder, a copy or
+    another mount are one source.
+    """
     documents: list[JsonValue] = []
     for index, source in enumerate(sources):
         adapter: dict[str, JsonValue] | None = None
         if source.checkpoint_adapter is not None:
             adapter = {**source.checkpoint_adapter.to_dict()}
         listed: list[JsonValue] = [
-            {"name": record.relative_name, "content_id": record.content_id, "size": record.state.size}
+            {"name": record.relative_name, "content_id": key_content_id(record.content_id), "size": record.state.size}
             for record in files
             if record.source_index == index
         ]
         documents.append(
             {
                 "prefix": source.prefix,
-                "subfolder": source.subfolder,
-                "source_kind": source.source_kind.value,
                 "use_safetensors": source.use_safetensors,
                 "checkpoint_adapter": adapter,
                 "files": listed,

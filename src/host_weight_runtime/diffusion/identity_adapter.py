@@ -3,7 +3,8 @@
 The identity is computed on whatever module tree the caller has (a `meta` skeleton
 before loading, or a loaded CPU model) and depends only on what changes the bytes:
 source content, loader and transform, parallel layout, tensor contract, model contracts
-and the artifact spec.
+and the artifact spec. The repo id, revision and folder a load went through are not in
+it (D05): `FinalLayoutIdentityContext.built_from` records them for the manifest instead.
 """
 
 from __future__ import annotations
@@ -66,6 +67,21 @@ class FinalLayoutIdentityContext:
     def sources_unchanged(self) -> bool:
         return self.source.unchanged()
 
+    def built_from(self) -> dict[str, JsonValue]:
+        """Where this load read the checkpoint, for people: the manifest shows it; the key never holds it."""
+        sources: list[JsonValue] = [
+            {
+                "model_or_path": source.model_or_path,
+                "source_kind": source.source_kind.value,
+                "requested_revision": source.requested_revision,
+                "revision": resolved_revision(source),
+                "subfolder": source.subfolder,
+                "path": str(source.resolved_root),
+            }
+            for source in self.source.sources
+        ]
+        return {"model_id": self.request.model_id, "sources": sources}
+
     @property
     def total_bytes(self) -> int:
         return sum(tensor.nbytes for tensor in self.tensors)
@@ -127,10 +143,11 @@ def build_final_layout_identity(
     bindings = bind_tensors_to_sources(ownership.names, prepared_sources)
     source = snapshot_sources(prepared_sources, cache=source_digest_cache)
 
-    revisions = sorted({rev for rev in (resolved_revision(item) for item in prepared_sources) if rev is not None})
     source_identity = WeightSourceIdentity(
-        model_id=request.model_id,
-        revision=",".join(revisions) if revisions else None,
+        # Content only (D05): the DiT classes name what the bytes are. The repo id, revision and
+        # path are spellings of where they were read; `built_from` keeps them for display.
+        model_id=",".join(type(module).__name__ for _name, module in dit_modules),
+        revision=None,
         fingerprint=source.fingerprint,
         metadata=CanonicalJson.from_value(source.to_metadata()),
     )

@@ -425,7 +425,7 @@ def _identify(prepared: _Skeleton, runtime: HostWeightRuntime) -> _Prepared:
 
 
 def _model_id(model_or_path: str | os.PathLike[str], source: PreparedWeightSource) -> str:
-    """A repo id as given; a local folder by its real path, so `pipe`, `./pipe/` and a symlink share one key."""
+    """The model as the manifest shows it (never in the key): a repo id as given, a local folder by its real path."""
     if source.source_kind is WeightSourceKind.HUGGING_FACE_HUB:
         return str(model_or_path)
     return os.path.realpath(model_or_path)

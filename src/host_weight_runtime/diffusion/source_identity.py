@@ -12,6 +12,10 @@ A content id is either
     sha256:<64 hex>     the SHA-256 of the file's bytes, for everything else
 
 and `NodeSourceDigestCache` lets the workers of a node hash a local file once (D03).
+The fingerprint (the key's source part) holds content only (D05): per source its prefix,
+format, adapter, and each file's name inside the component folder, size and content id,
+a 64-hex blob name spelled as the `sha256:` it is. Where the files were read from (repo
+id, revision, path) is recorded for display, outside the key.
 Only a source that changes fails a load. The parts live in private modules, one idea each:
 
     _weight_source     PreparedWeightSource: the files one load reads, and their prefix

@@ -769,7 +769,7 @@ class FilesystemHostWeightStore:
             size,
             activity,
             publication_id=validated.marker.publication_id,
-            model_id=manifest.identity.source.model_id,
+            model_id=_display_model_id(manifest),
             tensor_count=len(manifest.tensors),
             problem=self._denied_failure(key) if denied else None,
         )
@@ -832,6 +832,15 @@ class FilesystemHostWeightStore:
             capacity=self._capacity.snapshot(),
             artifacts=tuple(entries),
         )
+
+
+def _display_model_id(manifest: WeightManifest) -> str:
+    """The model the artifact was built from: `format_metadata.built_from.model_id` when the producer
+    recorded one (a content-keyed identity holds no repo id or path), else the identity's model_id."""
+    metadata = manifest.format_metadata.to_value()
+    built_from = metadata.get("built_from") if isinstance(metadata, dict) else None
+    model_id = built_from.get("model_id") if isinstance(built_from, dict) else None
+    return model_id if isinstance(model_id, str) and model_id else manifest.identity.source.model_id
 
 
 def _list(path: Path) -> list[str]:

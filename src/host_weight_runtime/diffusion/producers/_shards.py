@@ -74,6 +74,7 @@ def production_metadata(context: FinalLayoutIdentityContext, source_mode: str) -
                 "tensor_contract": _contract_digest(context),
                 "tensor_count": len(context.tensors),
                 "source_mode": source_mode,
+                "built_from": context.built_from(),  # display only: the key is content-addressed
             }
         ),
     )
