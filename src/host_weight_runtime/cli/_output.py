@@ -1,0 +1,156 @@
+"""The one output layer every `hwr` command prints through.
+
+Consoles, JSON emission, the byte progress bar, size/key/time formatting, the
+confirmation prompt, the exit codes and the mapping from errors to exit codes live
+here, so every command reports the same way and a new command cannot drift.
+Exit codes: 0 success, 1 a failure the command reports, 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.prompt import Confirm
+from rich.text import Text
+
+from ..canonical_json import JsonValue
+from ..failures import HostWeightError
+
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "SHORT_KEY",
+    "ReportedError",
+    "UsageError",
+    "add_json_option",
+    "byte_progress",
+    "confirm",
+    "limit",
+    "print_json",
+    "run_command",
+    "seconds",
+    "short_key",
+    "size",
+    "stderr_console",
+    "stdout_console",
+]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+SHORT_KEY = 12
+
+
+class UsageError(Exception):
+    """A command line that cannot run as given (exit 2); the message says what to change."""
+
+
+class ReportedError(Exception):
+    """A failure the command reports in one line (exit 1)."""
+
+
+def stdout_console() -> Console:
+    """Results go to stdout, without rich's guessed highlighting so keys and paths print as they are."""
+    return Console(highlight=False, soft_wrap=True)
+
+
+def stderr_console() -> Console:
+    """Failures, prompts' echoes and progress go to stderr, keeping stdout parseable."""
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    """The `--json` switch every command that prints a result offers."""
+    parser.add_argument("--json", action="store_true", help="print JSON for machines instead of tables")
+
+
+def print_json(value: JsonValue) -> None:
+    """The `--json` result: one indented document on stdout."""
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def short_key(key: str) -> str:
+    """The key prefix tables show; `hwr verify` and `hwr cleanup` accept it back."""
+    return key[:SHORT_KEY]
+
+
+def size(nbytes: int | None) -> str:
+    """Bytes in binary units for people ("-" when unknown)."""
+    if nbytes is None:
+        return "-"
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{nbytes} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def limit(nbytes: int | None) -> str:
+    """A capacity limit, where None means there is none."""
+    return "unlimited" if nbytes is None else size(nbytes)
+
+
+def seconds(value: float) -> str:
+    """A duration for people."""
+    return f"{value:.2f} s"
+
+
+def byte_progress(verb: str) -> Progress:
+    """A transient progress bar on stderr for long byte-bound work (hashing, streaming)."""
+    return Progress(
+        TextColumn(verb + " {task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=stderr_console(),
+        transient=True,
+    )
+
+
+def confirm(question: str, console: Console) -> bool:
+    """Ask a yes/no question on a terminal; no answer (end of input) means no."""
+    try:
+        return bool(Confirm.ask(question, default=False, console=console))
+    except EOFError:
+        return False
+
+
+def run_command(command: str, action: Callable[[], int]) -> int:
+    """Run one command and map what it raises to a one-line message on stderr and an exit code."""
+    try:
+        return action()
+    except UsageError as exc:
+        stderr_console().print(Text(f"hwr {command}: {exc}"))
+        return EXIT_USAGE
+    except ReportedError as exc:
+        stderr_console().print(Text(f"hwr {command}: {exc}"))
+        return EXIT_FAILURE
+    except HostWeightError as exc:
+        problem = exc.failure
+        stderr_console().print(Text(f"hwr {command}: [{problem.code.value}] {problem.message}"))
+        return EXIT_FAILURE
+    except ValueError as exc:
+        stderr_console().print(Text(f"hwr {command}: {exc}"))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        stderr_console().print("interrupted")
+        return EXIT_INTERRUPTED

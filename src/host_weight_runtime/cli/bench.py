@@ -1,0 +1,94 @@
+"""`hwr bench`: canonical, cold, warm and peer loaders side by side; writes JSON and Markdown results."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from rich.text import Text
+
+from ._command import Subcommands, add_command, positive_float, positive_int
+from ._output import EXIT_OK, UsageError, add_json_option, print_json, stderr_console, stdout_console
+
+__all__ = ["register", "run"]
+
+
+def register(commands: Subcommands) -> None:
+    """Add `hwr bench [--quick] [--size GIB] [--runs N] ... [--out DIR] [--json]`."""
+    sub = add_command(
+        commands,
+        "bench",
+        run,
+        "time to ready, peak RSS and shared memory of canonical, cold, warm and peer loaders, side by side",
+    )
+    sub.add_argument(
+        "--quick", action="store_true", help="under 3 minutes: 0.25 GiB, 3 runs, hot cache only, fewer memory groups"
+    )
+    sub.add_argument("--size", type=positive_float, default=None, metavar="GIB", help="BF16 weights in GiB (default 1)")
+    sub.add_argument(
+        "--runs", type=positive_int, default=None, metavar="N", help="fresh processes per figure (default 5)"
+    )
+    sub.add_argument(
+        "--workers", type=positive_int, default=4, metavar="N", help="concurrent workers for PSS (default 4)"
+    )
+    sub.add_argument(
+        "--cold-starters", type=positive_int, default=8, metavar="N", help="concurrent cold starters (default 8)"
+    )
+    sub.add_argument("--no-cold-cache", action="store_true", help="skip the page-cache-cold runs")
+    sub.add_argument("--no-huge-pages", action="store_true", help="do not mount a huge-page tmpfs")
+    sub.add_argument(
+        "--workdir", type=Path, default=None, metavar="DIR", help="disk folder for the checkpoint (default /var/tmp)"
+    )
+    sub.add_argument(
+        "--out", type=Path, default=None, metavar="DIR", help="results folder (default benchmarks/results, else .)"
+    )
+    add_json_option(sub)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark with the options given, write both result files, print the Markdown (or the JSON)."""
+    # The application layer may use the adapters; the core never does (C08).
+    from ..tools.bench.report import markdown, result_path
+    from ..tools.bench.runner import BenchOptions, run_bench
+
+    defaults = BenchOptions.quick() if args.quick else BenchOptions()
+    options = dataclasses.replace(
+        defaults,
+        size_gib=args.size if args.size is not None else defaults.size_gib,
+        runs=args.runs if args.runs is not None else defaults.runs,
+        workers=args.workers,
+        cold_starters=args.cold_starters,
+        cold_cache=defaults.cold_cache and not args.no_cold_cache,
+        huge_pages=not args.no_huge_pages,
+        workdir=args.workdir,
+    )
+    out_dir: Path = args.out if args.out is not None else _default_results_dir()
+    if not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is not a directory")
+    console = stderr_console()
+    if args.json:
+        report = run_bench(options)
+    else:
+        with console.status("hwr bench: setting up") as status:
+            report = run_bench(options, say=lambda line: status.update(f"hwr bench: {line}"))
+    json_path = result_path(out_dir, ".json")
+    markdown_path = result_path(out_dir, ".md")
+    json_path.write_text(json.dumps(report.data, indent=2) + "\n")
+    text = markdown(report)
+    markdown_path.write_text(text)
+    if args.json:
+        print_json(report.data)
+    else:
+        from rich.markdown import Markdown
+
+        stdout_console().print(Markdown(text))
+        console.print(Text(f"wrote {json_path} and {markdown_path}"))
+    return EXIT_OK
+
+
+def _default_results_dir() -> Path:
+    """benchmarks/results in a checkout of this project, else the current directory."""
+    checkout = Path("benchmarks") / "results"
+    return checkout if checkout.is_dir() else Path()
