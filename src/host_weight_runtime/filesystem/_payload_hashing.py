@@ -1,7 +1,5 @@
-"""The one place the writer hashes payload bytes, always read back from the file just written.
-
-Ordered files hash each tensor on the pool as soon as it is complete (behind the writes);
-unordered files hash every tensor from one mapping of the whole file at close.
+"""The one place the writer hashes payload bytes, always read back from the file just written:
+ordered files tensor by tensor on the pool behind the writes, unordered files from one mapping at close.
 """
 
 from __future__ import annotations
