@@ -1,0 +1,149 @@
+"""Lookup: validate a published artifact under its shared lock and turn its mapped files into a lease.
+
+`make_lease` is the one place a lease is built from the mappings `reader.open_artifact` made.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .._faults import fault_point
+from ..failures import HostWeightError, HostWeightFailure, ResolutionStage
+from ..identity import WeightArtifactIdentity
+from ..lease import HostWeightLease, LeaseProvenance, LeaseSource
+from ..outcomes import StoreResult, StoreStatus
+from ..tensors import ValidationLevel
+from ._deny import DenyMarkers
+from ._layout import DomainLayout
+from ._prefault import BackgroundPrefault, prefault_enabled
+from .locks import FileLock, acquire_lock
+from .reader import ArtifactReadError, InvalidArtifactError, ValidatedArtifact, open_artifact
+
+__all__ = ["ArtifactLookup", "artifact_lock"]
+
+
+def artifact_lock(
+    layout: DomainLayout, key: str, *, exclusive: bool, deadline: float | None, stage: ResolutionStage, what: str
+) -> FileLock:
+    """Take `key`'s artifact lock: shared to read or lease, exclusive to publish or move it."""
+    return acquire_lock(layout.artifact_lock(key), exclusive=exclusive, deadline=deadline, stage=stage, what=what)
+
+
+class ArtifactLookup:
+    """Validated leases of published artifacts; never builds, denies what fails validation."""
+
+    __slots__ = ("_deny", "_domain_id", "_hash_threads", "_layout")
+
+    def __init__(self, domain_id: str, layout: DomainLayout, deny: DenyMarkers, hash_threads: int | None) -> None:
+        self._domain_id = domain_id
+        self._layout = layout
+        self._deny = deny
+        self._hash_threads = hash_threads
+
+    def lookup(
+        self,
+        identity: WeightArtifactIdentity,
+        *,
+        validation: ValidationLevel,
+        deadline: float | None,
+        source: LeaseSource,
+    ) -> StoreResult:
+        """HIT with a lease (which then holds the shared lock), or MISS / INVALID / FAILED."""
+        started = time.monotonic()
+        key = identity.key
+        try:
+            lock = artifact_lock(
+                self._layout,
+                key,
+                exclusive=False,
+                deadline=deadline,
+                stage=ResolutionStage.LOOKUP,
+                what="the artifact lock",
+            )
+        except HostWeightError as exc:
+            return StoreResult(StoreStatus.FAILED, identity, failure=exc.failure, elapsed_s=time.monotonic() - started)
+        lease: HostWeightLease | None = None
+        try:
+            status, lease, problem = self._lookup_locked(identity, lock, validation=validation, source=source)
+            return StoreResult(
+                status,
+                identity,
+                lease=lease,
+                failure=problem,
+                publication_id=None if lease is None else lease.publication_id,
+                elapsed_s=time.monotonic() - started,
+            )
+        finally:
+            if lease is None:
+                lock.release()
+
+    def _lookup_locked(
+        self,
+        identity: WeightArtifactIdentity,
+        lock: FileLock,
+        *,
+        validation: ValidationLevel,
+        source: LeaseSource,
+    ) -> tuple[StoreStatus, HostWeightLease | None, HostWeightFailure | None]:
+        key = identity.key
+        artifact_dir = self._layout.artifact_dir(key)
+        if not os.path.lexists(artifact_dir):
+            return StoreStatus.MISS, None, None
+        if self._deny.present(key):
+            return StoreStatus.INVALID, None, self._deny.failure(key)
+        try:
+            validated = open_artifact(
+                artifact_dir, key, identity=identity, validation=validation, hash_threads=self._hash_threads
+            )
+        except ArtifactReadError as exc:
+            return StoreStatus.FAILED, None, exc.failure
+        except InvalidArtifactError as exc:
+            deny_failure = self._deny.write(key, exc.failure)
+            if deny_failure is not None:
+                return StoreStatus.FAILED, None, deny_failure
+            return StoreStatus.INVALID, None, exc.failure
+        lease = self.make_lease(identity, validated, lock, validation=validation, source=source)
+        fault_point("lookup.before_deny_recheck")
+        if self._deny.present(key):
+            # A stronger concurrent lookup denied the artifact after we validated it.
+            lease.close()
+            return StoreStatus.INVALID, None, self._deny.failure(key)
+        return StoreStatus.HIT, lease, None
+
+    def make_lease(
+        self,
+        identity: WeightArtifactIdentity,
+        validated: ValidatedArtifact,
+        lock: FileLock,
+        *,
+        validation: ValidationLevel,
+        source: LeaseSource,
+    ) -> HostWeightLease:
+        """Hand a validated artifact's mappings and its held artifact lock over to a new lease."""
+        provenance = LeaseProvenance(
+            source=source,
+            domain_id=self._domain_id,
+            artifact_dir=str(self._layout.artifact_dir(identity.key)),
+            publication_id=validated.marker.publication_id,
+            validation=validation,
+            pid=os.getpid(),
+            acquired_at_ns=time.time_ns(),
+        )
+        regions = validated.regions()
+        mappings = validated.mappings()
+        prefault = (
+            BackgroundPrefault([(region.address, region.length) for region in regions], mappings)
+            if prefault_enabled()
+            else None
+        )
+        return HostWeightLease(
+            identity=identity,
+            manifest=validated.manifest,
+            tensors=validated.tensors(),
+            regions=regions,
+            provenance=provenance,
+            mappings=mappings,
+            lock=lock,
+            background=prefault,
+        )

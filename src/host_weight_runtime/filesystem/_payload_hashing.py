@@ -1,0 +1,122 @@
+"""The one place the writer hashes payload bytes, always read back from the file just written:
+ordered files tensor by tensor on the pool behind the writes, unordered files from one mapping at close.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from .._digest import chunk_digest, combine_chunk_digests, file_digest, tree_digest, tree_digests_parallel
+from ._safetensors_layout import FileLayout, Placement
+from ._write_failures import os_failed
+
+__all__ = ["PayloadHasher", "hash_file_range"]
+
+
+def hash_file_range(fd: int, offset: int, length: int) -> bytes:
+    """The chunk digest of `length` bytes at `offset` of a written file, through a mapping of just those bytes."""
+    if length == 0:
+        return chunk_digest(memoryview(b""))
+    aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
+    with (
+        mmap.mmap(fd, offset - aligned + length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=aligned) as mapping,
+        memoryview(mapping) as whole,
+        whole[offset - aligned :] as piece,
+    ):
+        return chunk_digest(piece)
+
+
+class PayloadHasher:
+    """The digests of one payload file: per tensor, and of the whole file (header included).
+
+    Not thread-safe: the file writer calls it under its own lock. It reads through the
+    writer's descriptor, so `drain()` must run before that descriptor is closed.
+    """
+
+    __slots__ = ("_chunk_bytes", "_executor", "_fd", "_hash_threads", "_layout", "_name", "_queued")
+
+    def __init__(
+        self,
+        fd: int,
+        name: str,
+        layout: FileLayout,
+        *,
+        chunk_bytes: int,
+        hash_threads: int | None,
+        executor: Callable[[], ThreadPoolExecutor],
+    ) -> None:
+        self._fd = fd
+        self._name = name
+        self._layout = layout
+        self._chunk_bytes = chunk_bytes
+        self._hash_threads = hash_threads
+        self._executor = executor
+        self._queued: dict[str, list[Future[bytes]]] = {}  # ordered files: chunk hashes by tensor name
+
+    def hash_behind(self, placement: Placement) -> None:
+        """Queue the chunks of a completely written tensor for hashing on the pool; later calls do nothing.
+
+        Writing goes on while earlier tensors hash, so publication runs at the speed of all
+        hash threads together, and the producer may reuse its buffers as soon as a write
+        returns. Each chunk maps only its own bytes, so the mapped memory stays bounded.
+        """
+        name = placement.spec.name
+        if name in self._queued:
+            return
+        chunk_bytes = self._chunk_bytes
+        begin = len(self._layout.header) + placement.begin
+        length = placement.end - placement.begin
+        pool = self._executor()
+        starts = range(begin, begin + length, chunk_bytes) if length else range(begin, begin + 1)
+        self._queued[name] = [
+            pool.submit(hash_file_range, self._fd, start, min(chunk_bytes, begin + length - start)) for start in starts
+        ]
+
+    def drain(self) -> None:
+        """Wait for every queued chunk hash, so none reads the file after its descriptor closes; never raises."""
+        for futures in self._queued.values():
+            for future in futures:
+                future.cancel()
+                with contextlib.suppress(BaseException):  # only waiting here; results are read elsewhere
+                    future.exception()
+
+    def tensor_digests(self, *, ordered: bool) -> list[str]:
+        """Every tensor's digest, in offset order: from the queued chunks (ordered) or the whole file."""
+        if not ordered:
+            return self._hash_from_file()
+        digests = []
+        try:
+            for placement in self._layout.placements:
+                self.hash_behind(placement)  # a tensor with no bytes was never written, so never queued
+                chunk_results = [future.result() for future in self._queued[placement.spec.name]]
+                digests.append(combine_chunk_digests(placement.end - placement.begin, chunk_results))
+        finally:
+            self.drain()
+        return digests
+
+    def file_digest(self, tensor_digests: list[str]) -> str:
+        """The file's digest: its header bytes and its tensors' digests together."""
+        return file_digest(tree_digest(self._layout.header, self._chunk_bytes), tensor_digests)
+
+    def _hash_from_file(self) -> list[str]:
+        """Hash every tensor from the file itself, chunks spread over the hash threads."""
+        header_size = len(self._layout.header)
+        try:
+            mapping = mmap.mmap(self._fd, self._layout.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        except OSError as exc:
+            raise os_failed(exc, f"mapping {self._name} to hash it", file=self._name) from exc
+        try:
+            whole = memoryview(mapping)
+            views = [whole[header_size + p.begin : header_size + p.end] for p in self._layout.placements]
+            try:
+                return tree_digests_parallel(views, chunk_bytes=self._chunk_bytes, threads=self._hash_threads)
+            finally:
+                for view in views:
+                    view.release()
+                whole.release()
+        finally:
+            with contextlib.suppress(BufferError):  # a view still alive after an error; it goes with it
+                mapping.close()

@@ -1,0 +1,352 @@
+"""One payload file being written: created preallocated with its header, filled at fixed offsets, then closed.
+
+A file is accepted at close only when every byte of every declared tensor was written exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from .._faults import fault_point
+from ..manifest import FileManifestEntry, TensorManifestEntry
+from ..protocols import TensorWriteSpec
+from ..tensors import contiguous_strides
+from ._coverage import RowCoverage, rows_of_write
+from ._payload_hashing import PayloadHasher
+from ._safetensors_layout import FileLayout, tensor_bytes
+from ._write_failures import os_failed, producer_failed
+
+if TYPE_CHECKING:
+    from .writer import StagingArtifactWriter
+
+__all__ = ["StagingTensorFileWriter", "WrittenFile", "create_tensor_file"]
+
+_FILE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+_FILE_MODE = 0o600
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenFile:
+    """One closed, complete, fsynced payload file and the digests the manifest records."""
+
+    name: str
+    size: int
+    header_size: int
+    digest: str
+    tensors: tuple[TensorManifestEntry, ...]
+
+    def manifest_entry(self) -> FileManifestEntry:
+        """The manifest's view of this file (tensor names in offset order)."""
+        return FileManifestEntry(
+            name=self.name,
+            size=self.size,
+            header_size=self.header_size,
+            digest=self.digest,
+            tensors=tuple(entry.name for entry in self.tensors),
+        )
+
+
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """Write all of `data` at `offset`; a pwrite that makes no progress is an I/O error."""
+    done = 0
+    total = len(data)
+    while done < total:
+        fault_point("writer.pwrite")
+        written = os.pwrite(fd, data[done:], offset + done)
+        if written <= 0:
+            raise OSError(errno.EIO, "pwrite wrote no bytes")
+        done += written
+
+
+def create_tensor_file(
+    owner: StagingArtifactWriter, staging_dir: Path, name: str, layout: FileLayout, *, ordered: bool
+) -> StagingTensorFileWriter:
+    """Create payload file `name` (it must not exist), preallocate its final size and write its header.
+
+    On failure the file is removed again, so a failed open leaves nothing behind.
+    """
+    path = staging_dir / name
+    try:
+        fd = os.open(path, _FILE_FLAGS, _FILE_MODE)
+    except OSError as exc:
+        raise os_failed(exc, f"creating {name} in the staging directory", file=name) from exc
+    try:
+        try:
+            fault_point("writer.preallocate")
+            os.posix_fallocate(fd, 0, layout.size)
+        except OSError as exc:
+            raise os_failed(exc, f"preallocating {layout.size} bytes for {name}", file=name, size=layout.size) from exc
+        try:
+            _pwrite_all(fd, layout.header, 0)
+        except OSError as exc:
+            raise os_failed(exc, f"writing the safetensors header of {name}", file=name) from exc
+        return StagingTensorFileWriter(owner, name, fd, layout, ordered=ordered)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # ours (O_EXCL); free its blocks now rather than at cleanup
+        raise
+
+
+class StagingTensorFileWriter:
+    """Writes the declared tensors of one payload file at their fixed, preallocated offsets.
+
+    Obtained from `StagingArtifactWriter.open_tensor_file`. Unordered writes may come
+    from several threads at once (disjoint rows go to disk in parallel); ordered files
+    take writes in `layout` order only.
+    """
+
+    __slots__ = (
+        "_closed",
+        "_coverage",
+        "_fd",
+        "_hasher",
+        "_layout",
+        "_lock",
+        "_name",
+        "_next_byte",
+        "_ordered",
+        "_owner",
+        "_result",
+    )
+
+    def __init__(self, owner: StagingArtifactWriter, name: str, fd: int, layout: FileLayout, *, ordered: bool) -> None:
+        self._owner = owner
+        self._name = name
+        self._fd = fd
+        self._layout = layout
+        self._ordered = ordered
+        self._lock = threading.Lock()
+        self._closed = False
+        self._result: WrittenFile | None = None
+        self._next_byte = 0  # ordered files: the data offset the next write must start at
+        self._coverage: dict[str, RowCoverage] = {
+            placement.spec.name: RowCoverage(placement) for placement in layout.placements
+        }
+        self._hasher = PayloadHasher(
+            fd,
+            name,
+            layout,
+            chunk_bytes=owner.chunk_bytes,
+            hash_threads=owner.hash_threads,
+            executor=owner._executor,
+        )
+
+    # -- read-only facts
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def ordered(self) -> bool:
+        return self._ordered
+
+    @property
+    def layout(self) -> tuple[TensorWriteSpec, ...]:
+        """The tensors in offset order: the order an ordered file must be written in."""
+        return tuple(placement.spec for placement in self._layout.placements)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def result(self) -> WrittenFile | None:
+        """The written file once `close()` succeeded; None before or after a failed close."""
+        return self._result
+
+    # -- the TensorFileWriter protocol
+
+    def write_tensor(self, name: str, tensor: torch.Tensor) -> None:
+        """Write a whole tensor (the only way to write a 0-dim one)."""
+        self._owner._guarded(lambda: self._write(name, None, tensor))
+
+    def write_rows(self, name: str, start_row: int, tensor: torch.Tensor) -> None:
+        """Write `tensor.shape[0]` rows of `name` starting at `start_row`."""
+        self._owner._guarded(lambda: self._write(name, start_row, tensor))
+
+    def close(self) -> None:
+        """Check coverage, fsync, hash and release the file; later calls do nothing."""
+        self._owner._guarded(self._close)
+
+    # -- writing
+
+    def _coverage_of(self, name: str) -> RowCoverage:
+        coverage = self._coverage.get(name) if isinstance(name, str) else None
+        if coverage is None:
+            raise producer_failed(
+                f"{self._name}: tensor {name!r} was not declared for this file; declare every tensor in "
+                "open_tensor_file",
+                file=self._name,
+                tensor=str(name),
+            )
+        return coverage
+
+    def _write(self, name: str, start_row: int | None, tensor: torch.Tensor) -> None:
+        if self._closed:
+            raise producer_failed(f"{self._name} is closed; no more writes are accepted", file=self._name)
+        self._owner._check_open()
+        coverage = self._coverage_of(name)
+        placement = coverage.placement
+        start, stop = rows_of_write(self._name, placement, start_row, tensor)
+        data = tensor_bytes(tensor)
+        begin = placement.begin + start * placement.row_bytes
+        if len(data) != (stop - start) * placement.row_bytes:  # pragma: no cover - guarded by the shape check
+            raise producer_failed(f"{self._name}: tensor {name}: byte count mismatch", file=self._name, tensor=name)
+        if self._ordered:
+            with self._lock:
+                self._claim(coverage, start, stop, ordered_begin=begin if len(data) else None)
+                try:
+                    self._pwrite(data, len(self._layout.header) + begin, name, start, stop)
+                except BaseException:
+                    coverage.pending.remove((start, stop))
+                    raise
+                coverage.pending.remove((start, stop))
+                if stop > start:
+                    coverage.mark_done(start, stop)
+                if len(data):
+                    self._next_byte = begin + len(data)
+                if coverage.first_missing() is None:
+                    self._hasher.hash_behind(placement)
+            return
+        with self._lock:
+            self._claim(coverage, start, stop, ordered_begin=None)
+        try:
+            self._pwrite(data, len(self._layout.header) + begin, name, start, stop)
+        except BaseException:
+            with self._lock:
+                coverage.pending.remove((start, stop))
+            raise
+        with self._lock:
+            coverage.pending.remove((start, stop))
+            if stop > start:
+                coverage.mark_done(start, stop)
+
+    def _claim(self, coverage: RowCoverage, start: int, stop: int, *, ordered_begin: int | None) -> None:
+        """Reserve [start, stop) of a tensor for one write, or fail on overlap or order (lock held)."""
+        if self._closed:
+            raise producer_failed(f"{self._name} is closed; no more writes are accepted", file=self._name)
+        name = coverage.placement.spec.name
+        if stop > start:
+            clash = coverage.overlaps(start, stop)
+            if clash is not None:
+                raise producer_failed(
+                    f"{self._name}: tensor {name}: rows {start}..{stop} overlap rows {clash[0]}..{clash[1]} "
+                    "already written; every byte must be written exactly once",
+                    file=self._name,
+                    tensor=name,
+                    start_row=start,
+                    stop_row=stop,
+                )
+        if ordered_begin is not None and ordered_begin != self._next_byte:
+            expected_name, expected_row = self._position_of(self._next_byte)
+            raise producer_failed(
+                f"{self._name} is ordered: the next write must be tensor {expected_name} row {expected_row} "
+                f"(follow .layout, rows in increasing order), got tensor {name} rows {start}..{stop}",
+                file=self._name,
+                tensor=name,
+                start_row=start,
+                stop_row=stop,
+                expected_tensor=expected_name,
+                expected_row=expected_row,
+            )
+        coverage.pending.append((start, stop))
+
+    def _position_of(self, data_offset: int) -> tuple[str, int]:
+        """The tensor and row that hold `data_offset` (for ordered-file messages)."""
+        for placement in self._layout.placements:
+            if placement.begin <= data_offset < placement.end:
+                return placement.spec.name, (data_offset - placement.begin) // max(placement.row_bytes, 1)
+        return "<end of file>", 0
+
+    def _pwrite(self, data: memoryview, offset: int, name: str, start: int, stop: int) -> None:
+        try:
+            _pwrite_all(self._fd, data, offset)
+        except OSError as exc:
+            raise os_failed(
+                exc,
+                f"writing tensor {name} rows {start}..{stop} of {self._name}",
+                file=self._name,
+                tensor=name,
+            ) from exc
+
+    # -- closing
+
+    def _close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._check_complete()
+                try:
+                    fault_point("writer.fsync")
+                    os.fsync(self._fd)
+                except OSError as exc:
+                    raise os_failed(exc, f"fsyncing {self._name}", file=self._name) from exc
+                self._result = self._written_file()
+            finally:
+                self._hasher.drain()
+                self._release_fd()
+
+    def _check_complete(self) -> None:
+        for placement in self._layout.placements:
+            coverage = self._coverage[placement.spec.name]
+            missing = coverage.first_missing()
+            if missing is not None or coverage.pending:
+                begin, end = missing if missing is not None else coverage.pending[0]
+                raise producer_failed(
+                    f"{self._name}: tensor {placement.spec.name} rows {begin}..{end} were never written; "
+                    "every byte of every declared tensor must be written before close()",
+                    file=self._name,
+                    tensor=placement.spec.name,
+                    start_row=begin,
+                    stop_row=end,
+                )
+
+    def _written_file(self) -> WrittenFile:
+        """The manifest's record of this complete file, with the digests of what was written."""
+        digests = self._hasher.tensor_digests(ordered=self._ordered)
+        entries = tuple(
+            TensorManifestEntry(
+                name=placement.spec.name,
+                file=self._name,
+                dtype=placement.code,
+                shape=placement.spec.shape,
+                strides=contiguous_strides(placement.spec.shape),
+                data_offsets=(placement.begin, placement.end),
+                kind=placement.spec.kind,
+                role=placement.spec.role,
+                digest=digest,
+            )
+            for placement, digest in zip(self._layout.placements, digests, strict=True)
+        )
+        return WrittenFile(
+            name=self._name,
+            size=self._layout.size,
+            header_size=len(self._layout.header),
+            digest=self._hasher.file_digest(digests),
+            tensors=entries,
+        )
+
+    def _release_fd(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _abandon(self) -> None:
+        """Close the descriptor without checks (abort path); never raises."""
+        with self._lock:
+            self._closed = True
+            self._hasher.drain()
+            self._release_fd()
