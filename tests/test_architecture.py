@@ -59,14 +59,19 @@ def module_name_for(path: Path, package_dir: Path = PACKAGE_DIR, package: str = 
 # The `hwr` command is the application layer on top of both core and adapters
 # (DESIGN: "nothing -> cli"); it may reach the adapters, but only lazily.
 APPLICATION_FILES = ("cli.py",)
+# The tools behind `hwr demo` / `hwr bench` and the tests are application layer too; they
+# import the adapters eagerly, and tests/test_tools_layout.py holds them to the public API.
+APPLICATION_PACKAGES = ("tools",)
 
 
 def core_source_files(package_dir: Path = PACKAGE_DIR) -> list[Path]:
     """Every .py file of the package except the diffusion adapter subpackage and the application layer."""
-    adapters = package_dir / "diffusion"
+    skipped = [package_dir / "diffusion", *(package_dir / name for name in APPLICATION_PACKAGES)]
     application = {package_dir / name for name in APPLICATION_FILES}
     return sorted(
-        p for p in package_dir.rglob("*.py") if adapters not in p.parents and p != adapters and p not in application
+        p
+        for p in package_dir.rglob("*.py")
+        if not any(folder in p.parents for folder in skipped) and p not in application
     )
 
 
@@ -156,8 +161,10 @@ def test_application_layer_reaches_adapters_only_lazily() -> None:
 
 
 def test_no_core_module_imports_the_application_layer() -> None:
-    """C08: dependencies point up to the CLI only; no core module imports it."""
-    cli_modules = tuple(module_name_for(PACKAGE_DIR / name) for name in APPLICATION_FILES)
+    """C08: dependencies point up to the CLI and the tools only; no core module imports them."""
+    cli_modules = tuple(module_name_for(PACKAGE_DIR / name) for name in APPLICATION_FILES) + tuple(
+        f"{PACKAGE}.{name}" for name in APPLICATION_PACKAGES
+    )
     for path in core_source_files():
         module = module_name_for(path)
         targets = module_level_imports(path.read_text(encoding="utf-8"), module, path.name == "__init__.py")
@@ -216,9 +223,12 @@ def test_static_scanner_allows_ordinary_imports(source: str, module: str, is_pac
 
 
 def test_scan_discovers_modules_added_later(tmp_path: Path) -> None:
-    """C08: a new core module (even in a new subpackage) is scanned; the diffusion subpackage is not."""
+    """C08: a new core module (even in a new subpackage) is scanned; the diffusion and tools subpackages are not."""
     root = tmp_path / PACKAGE
     (root / "diffusion").mkdir(parents=True)
+    (root / "tools").mkdir()
+    (root / "tools" / "__init__.py").write_text("")
+    (root / "tools" / "demo.py").write_text("from ..diffusion import loader\n")
     (root / "newpkg").mkdir()
     (root / "__init__.py").write_text("")
     (root / "diffusion" / "__init__.py").write_text("import diffusers\n")
@@ -227,6 +237,7 @@ def test_scan_discovers_modules_added_later(tmp_path: Path) -> None:
     modules, violations = scan_package(root, PACKAGE)
     assert f"{PACKAGE}.newpkg.helper" in modules
     assert not any(m.startswith(ADAPTER_PACKAGE) for m in modules)
+    assert not any(m.startswith(f"{PACKAGE}.tools") for m in modules)
     assert [(v.module, v.target) for v in violations] == [
         (f"{PACKAGE}.newpkg.helper", f"{ADAPTER_PACKAGE}"),
         (f"{PACKAGE}.newpkg.helper", f"{ADAPTER_PACKAGE}.models"),
@@ -238,7 +249,7 @@ _IMPORT_EVERYTHING = textwrap.dedent(
     import importlib, json, pkgutil, sys
 
     PACKAGE = "host_weight_runtime"
-    SKIP = ("host_weight_runtime.diffusion",)
+    SKIP = ("host_weight_runtime.diffusion", "host_weight_runtime.tools")
 
     def skipped(name):
         return any(name == s or name.startswith(s + ".") for s in SKIP)

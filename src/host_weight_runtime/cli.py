@@ -365,7 +365,7 @@ def _render_cleanup(console: Console, result: CleanupResult) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     if not args.synthetic:
         return _cmd_flux_demo(args)
-    from ._demo import DEFAULT_SIZE_MIB, DemoError, run_demo, summary_line
+    from .tools.demo_store import DEFAULT_SIZE_MIB, DemoError, run_demo, summary_line
 
     size_mib = args.size_mib if args.size_mib is not None else DEFAULT_SIZE_MIB
     try:
@@ -412,8 +412,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_flux_demo(args: argparse.Namespace) -> int:
     # The application layer may use the adapters; the core never does (C08).
-    from ._demo import DemoError
-    from .diffusion._demo import DEFAULT_SIZE_MIB, failure_reason, report_table, run_demo, summary_line
+    from .tools.demo_diffusers import DEFAULT_SIZE_MIB, failure_reason, report_table, run_demo, summary_line
+    from .tools.demo_store import DemoError
 
     size_mib = args.size_mib if args.size_mib is not None else DEFAULT_SIZE_MIB
     try:
@@ -517,8 +517,8 @@ def _default_results_dir() -> Path:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     # The application layer may use the adapters; the core never does (C08).
-    from .diffusion._bench.report import markdown, result_path
-    from .diffusion._bench.runner import BenchOptions, run_bench
+    from .tools.bench.report import markdown, result_path
+    from .tools.bench.runner import BenchOptions, run_bench
 
     defaults = BenchOptions.quick() if args.quick else BenchOptions()
     options = dataclasses.replace(
