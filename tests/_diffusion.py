@@ -28,10 +28,10 @@ from host_weight_runtime.diffusion import (
     build_final_layout_identity,
     prepare_weight_source,
 )
-from host_weight_runtime.diffusion._synthetic_models import save_pipeline_folder, tiny_spec
 from host_weight_runtime.diffusion.loader import build_skeleton
 from host_weight_runtime.outcomes import PostLoadPublicationReport
 from host_weight_runtime.runtime import HostWeightRuntime
+from host_weight_runtime.tools.synthetic_models import save_pipeline_folder, tiny_spec
 
 DIT = "transformer"
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"

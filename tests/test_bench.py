@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from host_weight_runtime.cli import main
-from host_weight_runtime.diffusion._bench.batch import WorkerBatch, evict_from_page_cache
-from host_weight_runtime.diffusion._bench.goals import goals as goal_table
-from host_weight_runtime.diffusion._bench.measure import PAGE_BYTES, LoadKind, RowSpec, touch_model
-from host_weight_runtime.diffusion._bench.names import (
+from host_weight_runtime.tools.bench.batch import WorkerBatch, evict_from_page_cache
+from host_weight_runtime.tools.bench.goals import goals as goal_table
+from host_weight_runtime.tools.bench.measure import PAGE_BYTES, LoadKind, RowSpec, touch_model
+from host_weight_runtime.tools.bench.names import (
     CANONICAL,
     COLD_BACKGROUND,
     COLD_PUBLISH,
@@ -29,11 +29,11 @@ from host_weight_runtime.diffusion._bench.names import (
     VIEWS_SHM,
     WARM_SHM,
 )
-from host_weight_runtime.diffusion._bench.peers import PEERS, Peer, PeerFormat
-from host_weight_runtime.diffusion._bench.report import markdown
-from host_weight_runtime.diffusion._bench.runner import BenchReport, _huge_tmpfs, unavailable_peers
-from host_weight_runtime.diffusion._bench.worker import ENV_PROFILE
-from host_weight_runtime.diffusion._synthetic_models import build_model
+from host_weight_runtime.tools.bench.peers import PEERS, Peer, PeerFormat
+from host_weight_runtime.tools.bench.report import markdown
+from host_weight_runtime.tools.bench.runner import BenchReport, _huge_tmpfs, unavailable_peers
+from host_weight_runtime.tools.bench.worker import ENV_PROFILE
+from host_weight_runtime.tools.synthetic_models import build_model
 
 from .support import CHILD_TIMEOUT_S, SPAWN, reaped_children, recv_within
 
@@ -279,7 +279,7 @@ def test_bench_writes_json_and_a_markdown_table_of_every_row(bench_run: tuple[in
 def _bench_until_paused(workdir: str, conn: Connection) -> None:
     """A child that runs a tiny benchmark and stops, reporting, just before the first row is measured."""
     from host_weight_runtime._faults import Fault, FaultAction, arm
-    from host_weight_runtime.diffusion._bench.runner import BenchOptions, run_bench
+    from host_weight_runtime.tools.bench.runner import BenchOptions, run_bench
 
     def pause(_point: str) -> None:
         conn.send(("paused", os.getpid()))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from host_weight_runtime.diffusion._bench.peers import (
+from host_weight_runtime.tools.bench.peers import (
     PEERS,
     Peer,
     PeerFormat,

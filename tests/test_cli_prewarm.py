@@ -17,16 +17,16 @@ import torch
 
 from host_weight_runtime import cli
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
-from host_weight_runtime.diffusion._synthetic_models import (
+from host_weight_runtime.diffusion.loader import ComponentLoadPath, load_component
+from host_weight_runtime.outcomes import ResolutionOutcome
+from host_weight_runtime.runtime import HostWeightRuntime
+from host_weight_runtime.tools.synthetic_models import (
     forward_inputs,
     run_forward,
     save_hub_snapshot,
     save_pipeline_folder,
     tiny_spec,
 )
-from host_weight_runtime.diffusion.loader import ComponentLoadPath, load_component
-from host_weight_runtime.outcomes import ResolutionOutcome
-from host_weight_runtime.runtime import HostWeightRuntime
 
 KIND = "flux"
 SUBFOLDER = "transformer"

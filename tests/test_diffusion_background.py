@@ -12,11 +12,11 @@ import torch
 
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
 from host_weight_runtime.diffusion import BackgroundPublication
-from host_weight_runtime.diffusion._synthetic_models import forward_inputs, run_forward, save_pipeline_folder, tiny_spec
 from host_weight_runtime.diffusion.loader import ComponentLoadPath, load_component
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import AttemptResult, ResolutionOutcome
 from host_weight_runtime.runtime import HostWeightRuntime
+from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward, save_pipeline_folder, tiny_spec
 
 from .support import recv_within, spawned_child
 

@@ -16,9 +16,9 @@ pytest.importorskip("accelerate")
 from rich.console import Console
 
 from host_weight_runtime import cli
-from host_weight_runtime._demo import DemoError
-from host_weight_runtime.diffusion import _demo as flux_demo
-from host_weight_runtime.diffusion._demo import FluxDemoReport, FluxDemoRow, report_table, summary_line
+from host_weight_runtime.tools import demo_diffusers as flux_demo
+from host_weight_runtime.tools.demo_diffusers import FluxDemoReport, FluxDemoRow, report_table, summary_line
+from host_weight_runtime.tools.demo_store import DemoError
 
 SIZE_MIB = "8"
 

@@ -29,7 +29,6 @@ from safetensors.torch import save_file
 
 from host_weight_runtime.canonical_json import CanonicalJson, JsonValue
 from host_weight_runtime.diffusion import loader, models
-from host_weight_runtime.diffusion._synthetic_models import MODEL_KINDS, build_model, save_pipeline_folder, tiny_spec
 from host_weight_runtime.diffusion.contracts import (
     FINAL_LAYOUT_BF16_POLICY,
     FINAL_LAYOUT_BF16_SPEC,
@@ -48,6 +47,7 @@ from host_weight_runtime.diffusion.source_identity import PreparedWeightSource, 
 from host_weight_runtime.failures import FailureCode, HostWeightError
 from host_weight_runtime.identity import AdaptationIdentity, RuntimeWeightLayout
 from host_weight_runtime.tensors import TensorKind
+from host_weight_runtime.tools.synthetic_models import MODEL_KINDS, build_model, save_pipeline_folder, tiny_spec
 
 from .support import recv_within, spawned_child
 

@@ -21,13 +21,6 @@ import torch
 from host_weight_runtime import cli
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
 from host_weight_runtime.diffusion import models
-from host_weight_runtime.diffusion._synthetic_models import (
-    forward_inputs,
-    run_forward,
-    save_hub_snapshot,
-    save_pipeline_folder,
-    tiny_spec,
-)
 from host_weight_runtime.diffusion.contracts import FinalLayoutParallelIdentity
 from host_weight_runtime.diffusion.loader import ComponentLoadPath, LoadedComponent, load_component
 from host_weight_runtime.failures import FailureCode, HostWeightError, ResolutionStage
@@ -39,6 +32,13 @@ from host_weight_runtime.outcomes import (
     ResolutionOutcome,
 )
 from host_weight_runtime.runtime import HostWeightRuntime
+from host_weight_runtime.tools.synthetic_models import (
+    forward_inputs,
+    run_forward,
+    save_hub_snapshot,
+    save_pipeline_folder,
+    tiny_spec,
+)
 
 from .support import CHILD_TIMEOUT_S, recv_within, spawned_child
 

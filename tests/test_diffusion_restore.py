@@ -26,7 +26,6 @@ from host_weight_runtime.diffusion import (
     FinalLayoutIdentityContext,
     FinalLayoutTensorRestorer,
 )
-from host_weight_runtime.diffusion._synthetic_models import build_model, forward_inputs, run_forward
 from host_weight_runtime.failures import FailureCode, HostWeightError
 from host_weight_runtime.lease import HostWeightLease
 from host_weight_runtime.manifest import WeightManifest
@@ -41,6 +40,7 @@ from host_weight_runtime.protocols import (
 )
 from host_weight_runtime.runtime import HostWeightRuntime
 from host_weight_runtime.tensors import TensorKind
+from host_weight_runtime.tools.synthetic_models import build_model, forward_inputs, run_forward
 
 from ._diffusion import (
     DIT,

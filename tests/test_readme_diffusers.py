@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from host_weight_runtime.diffusion._synthetic_models import save_pipeline_folder
+from host_weight_runtime.tools.synthetic_models import save_pipeline_folder
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 EXAMPLE_MODEL = '"black-forest-labs/FLUX.1-dev"'

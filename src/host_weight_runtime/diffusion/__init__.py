@@ -24,6 +24,7 @@ from .loader import (
     ComponentLoadPath,
     LoadedComponent,
     PrewarmResult,
+    build_skeleton,
     load_component,
     prewarm_component,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "TensorOwnership",
     "WeightSourceKind",
     "build_final_layout_identity",
+    "build_skeleton",
     "contract_for_model",
     "contracts",
     "discover_tensor_ownership",

@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ...canonical_json import JsonValue
+from ..common import JsonValue
 
 __all__ = ["Stats"]
 

@@ -33,7 +33,7 @@ ENV_PROFILE = "HWR_BENCH_PROFILE"
 
 def worker_command(spec: RowSpec, *, hold: bool) -> list[str]:
     """The command line of a worker for one run of `spec`."""
-    arguments = [sys.executable, "-m", "host_weight_runtime.diffusion._bench.worker", json.dumps(spec.to_dict())]
+    arguments = [sys.executable, "-m", "host_weight_runtime.tools.bench.worker", json.dumps(spec.to_dict())]
     return [*arguments, "--hold"] if hold else arguments
 
 

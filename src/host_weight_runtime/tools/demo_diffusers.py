@@ -5,7 +5,7 @@ seeded weights) in a temporary directory and creates a private domain, both on t
 at /dev/shm, and removes both at the end, also on error, SIGTERM or Ctrl-C. A checkpoint
 in memory is the best case for the canonical load, and no disk writeback of the freshly
 written files runs while the loads are timed. Then, each in a fresh process
-(`python -m host_weight_runtime.diffusion._demo --child ...`):
+(`python -m host_weight_runtime.tools.demo_diffusers --child ...`):
 
     canonical  FluxTransformer2DModel.from_pretrained(pipe, subfolder="transformer",
                torch_dtype=torch.bfloat16): what a diffusers user does today; its
@@ -23,7 +23,7 @@ runs a forward pass on fixed inputs and compares it with the canonical reference
 `torch.equal`. The canonical row compares a second forward pass with the reference it
 saved: a check that the reference itself is reproducible.
 
-Children speak the JSON-line protocol of the synthetic demo (`host_weight_runtime._demo`:
+Children speak the JSON-line protocol of the synthetic demo (`host_weight_runtime.tools.demo_store`:
 ready -> measure -> row -> release), started one at a time so no load contends with
 another's start-up; every wait has a deadline and every child is reaped.
 """
@@ -45,7 +45,19 @@ import torch
 from rich.table import Table
 from rich.text import Text
 
-from .._demo import (
+from host_weight_runtime import (
+    HostWeightRuntime,
+    HostWeightRuntimeConfig,
+    PostLoadPublicationStatus,
+    ResolutionOutcome,
+    RuntimeMode,
+    StorageClass,
+)
+from host_weight_runtime.diffusion import LoadedComponent, load_component
+
+from .bench.measure import touch_model
+from .common import JsonValue, remove_tree
+from .demo_store import (
     SHM,
     DemoError,
     _artifact_memory,
@@ -55,14 +67,7 @@ from .._demo import (
     _send,
     _terminate_as_exit,
 )
-from ..canonical_json import JsonValue
-from ..config import HostWeightRuntimeConfig, RuntimeMode, StorageClass
-from ..filesystem._fsutil import remove_tree
-from ..outcomes import PostLoadPublicationStatus, ResolutionOutcome
-from ..runtime import HostWeightRuntime
-from ._bench.measure import touch_model
-from ._synthetic_models import TRANSFORMER_SUBFOLDER, forward_inputs, run_forward, save_flux_pipeline_folder
-from .loader import LoadedComponent, load_component
+from .synthetic_models import TRANSFORMER_SUBFOLDER, forward_inputs, run_forward, save_flux_pipeline_folder
 
 __all__ = [
     "DEFAULT_SIZE_MIB",
@@ -365,7 +370,7 @@ def _child_command(path: str, pipeline: Path, root: Path, reference: Path, refer
     return [
         sys.executable,
         "-m",
-        "host_weight_runtime.diffusion._demo",
+        "host_weight_runtime.tools.demo_diffusers",
         "--child",
         path,
         "--pipeline",
@@ -501,7 +506,7 @@ def failure_reason(report: FluxDemoReport) -> str:
 
 def _parse_child_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m host_weight_runtime.diffusion._demo", description="hwr demo (Flux) child process"
+        prog="python -m host_weight_runtime.tools.demo_diffusers", description="hwr demo (Flux) child process"
     )
     parser.add_argument("--child", required=True, help="canonical, cold or warm-N")
     parser.add_argument("--pipeline", required=True, type=Path)
@@ -512,7 +517,7 @@ def _parse_child_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of a demo child (`python -m host_weight_runtime.diffusion._demo --child ...`)."""
+    """Entry point of a demo child (`python -m host_weight_runtime.tools.demo_diffusers --child ...`)."""
     args = _parse_child_args(argv)
     return child_main(args.child, args.pipeline, args.root, args.reference, args.reference_seed)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ...canonical_json import JsonValue
+from ..common import JsonValue
 
 __all__ = ["describe_machine", "filesystem_type"]
 

@@ -23,14 +23,13 @@ from typing import IO, Any
 
 import torch
 
-from ..._demo import _terminate_as_exit
-from ..._faults import fault_point
-from ...canonical_json import JsonValue
-from ...config import HostWeightRuntimeConfig, RuntimeMode, StorageClass
-from ...filesystem._fsutil import remove_tree
-from ...runtime import HostWeightRuntime
-from .._synthetic_models import TRANSFORMER_SUBFOLDER, save_flux_pipeline_folder
-from ..loader import load_component, prewarm_component
+from host_weight_runtime import HostWeightRuntime, HostWeightRuntimeConfig, RuntimeMode, StorageClass
+from host_weight_runtime._faults import fault_point
+from host_weight_runtime.diffusion import load_component, prewarm_component
+
+from ..common import JsonValue, remove_tree
+from ..demo_store import _terminate_as_exit
+from ..synthetic_models import TRANSFORMER_SUBFOLDER, save_flux_pipeline_folder
 from .batch import WorkerBatch, evict_from_page_cache
 from .goals import goals, ratio
 from .machine import describe_machine, filesystem_type

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...canonical_json import JsonValue
+from ..common import JsonValue
 from .names import (
     CANONICAL,
     COLD_BACKGROUND,

@@ -42,8 +42,6 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ...tensors import SAFETENSORS_DTYPES
-
 __all__ = [
     "PEERS",
     "Peer",
@@ -279,6 +277,35 @@ def _load_safetensors_load_file(path: Path) -> PeerLoad:
     return PeerLoad(load_file(str(path)), None)
 
 
+def _safetensors_dtypes() -> dict[str, torch.dtype]:
+    """The format's dtype codes this torch build has; the peer reads the format on its own, not through the product."""
+    names = {
+        "BOOL": "bool",
+        "U8": "uint8",
+        "I8": "int8",
+        "I16": "int16",
+        "U16": "uint16",
+        "I32": "int32",
+        "U32": "uint32",
+        "I64": "int64",
+        "U64": "uint64",
+        "F16": "float16",
+        "BF16": "bfloat16",
+        "F32": "float32",
+        "F64": "float64",
+        "C64": "complex64",
+        "F8_E4M3": "float8_e4m3fn",
+        "F8_E4M3FNUZ": "float8_e4m3fnuz",
+        "F8_E5M2": "float8_e5m2",
+        "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    }
+    found = {code: getattr(torch, name, None) for code, name in names.items()}
+    return {code: dtype for code, dtype in found.items() if isinstance(dtype, torch.dtype)}
+
+
+_SAFETENSORS_DTYPES = _safetensors_dtypes()
+
+
 def _mmap_views(mapped: mmap.mmap, path: Path) -> dict[str, torch.Tensor]:
     """Parse the safetensors header (8-byte little-endian length, then JSON) and view each tensor in place."""
     if len(mapped) < 8:
@@ -294,7 +321,7 @@ def _mmap_views(mapped: mmap.mmap, path: Path) -> dict[str, torch.Tensor]:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
+        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
         if dtype is None:
             raise ValueError(f"{path}: tensor {name!r} has dtype {entry['dtype']!r}, which this peer does not map")
         shape = [int(d) for d in entry["shape"]]

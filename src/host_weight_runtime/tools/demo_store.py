@@ -40,30 +40,31 @@ from pathlib import Path
 
 import torch
 
-from .canonical_json import CanonicalJson, JsonValue
-from .config import HostWeightRuntimeConfig, RuntimeMode, StorageClass
-from .filesystem._fsutil import remove_tree
-from .identity import (
+from host_weight_runtime import (
     IDENTITY_SCHEMA_VERSION,
     AdaptationIdentity,
+    ArtifactWriter,
+    CanonicalJson,
     ComponentIdentity,
+    HostWeightLease,
+    HostWeightRuntime,
+    HostWeightRuntimeConfig,
+    LookupPhase,
     ProducerIdentity,
+    ProductionMetadata,
+    ProductionSourceMode,
+    ResolutionOutcome,
+    RuntimeMode,
     RuntimeWeightLayout,
+    StorageClass,
+    TensorWriteSpec,
     WeightArtifactIdentity,
+    WeightProductionSpec,
     WeightRepresentation,
     WeightSourceIdentity,
 )
-from .lease import HostWeightLease
-from .outcomes import ResolutionOutcome
-from .protocols import (
-    ArtifactWriter,
-    LookupPhase,
-    ProductionMetadata,
-    ProductionSourceMode,
-    TensorWriteSpec,
-    WeightProductionSpec,
-)
-from .runtime import HostWeightRuntime
+
+from .common import JsonValue, remove_tree
 
 __all__ = [
     "DEFAULT_SIZE_MIB",
@@ -451,7 +452,7 @@ def _child_command(process: str, root: Path, size_mib: int) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "host_weight_runtime._demo",
+        "host_weight_runtime.tools.demo_store",
         "--child",
         process,
         "--root",
@@ -575,7 +576,9 @@ def summary_line(report: DemoReport) -> str:
 
 
 def _parse_child_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m host_weight_runtime._demo", description="hwr demo child process")
+    parser = argparse.ArgumentParser(
+        prog="python -m host_weight_runtime.tools.demo_store", description="hwr demo child process"
+    )
     parser.add_argument("--child", required=True, help="the process name to report")
     parser.add_argument("--root", required=True, type=Path)
     parser.add_argument("--size-mib", required=True, type=int)
@@ -583,7 +586,7 @@ def _parse_child_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of a demo child (`python -m host_weight_runtime._demo --child ...`)."""
+    """Entry point of a demo child (`python -m host_weight_runtime.tools.demo_store --child ...`)."""
     args = _parse_child_args(argv)
     return child_main(args.child, args.root, args.size_mib)
 

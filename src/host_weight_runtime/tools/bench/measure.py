@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from ...canonical_json import JsonValue
-from ...config import HostWeightRuntimeConfig, RuntimeMode, StorageClass
-from ...runtime import HostWeightRuntime
-from ..loader import LoadedComponent, build_skeleton, load_component
+from host_weight_runtime import HostWeightRuntime, HostWeightRuntimeConfig, RuntimeMode, StorageClass
+from host_weight_runtime.diffusion import LoadedComponent, build_skeleton, load_component
+
+from ..common import JsonValue
 from .peers import PeerLoad, load_peer, peer_named
 
 __all__ = [

@@ -18,30 +18,29 @@ from pathlib import Path
 
 import torch
 
-from ...config import StorageClass
-from ...filesystem._fsutil import remove_tree
-from ...filesystem.store import FilesystemHostWeightStore
-from ...identity import (
+from host_weight_runtime import (
     IDENTITY_SCHEMA_VERSION,
     AdaptationIdentity,
+    ArtifactWriter,
+    BuildRequest,
     ComponentIdentity,
+    FilesystemHostWeightStore,
+    LookupPhase,
     ProducerIdentity,
+    ProductionMetadata,
+    ProductionSourceMode,
     RuntimeWeightLayout,
+    StorageClass,
+    StoreStatus,
+    TensorWriteSpec,
+    ValidationLevel,
     WeightArtifactIdentity,
+    WeightProductionSpec,
     WeightRepresentation,
     WeightSourceIdentity,
 )
-from ...outcomes import StoreStatus
-from ...protocols import (
-    ArtifactWriter,
-    BuildRequest,
-    LookupPhase,
-    ProductionMetadata,
-    ProductionSourceMode,
-    TensorWriteSpec,
-    WeightProductionSpec,
-)
-from ...tensors import ValidationLevel
+
+from ..common import remove_tree
 
 __all__ = ["ThroughputSamples", "measure_throughput"]
 

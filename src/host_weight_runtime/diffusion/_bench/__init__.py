@@ -1,1 +1,0 @@
-"""hwr bench: side-by-side load benchmarks (application layer, private)."""

@@ -1,0 +1,1 @@
+"""hwr bench: side-by-side load benchmarks (tooling, not public API)."""

@@ -1,0 +1,232 @@
+"""C08: the tools room (`hwr demo`, `hwr bench`, synthetic models) uses the product only through its public API.
+
+`host_weight_runtime.diffusion` holds only the product's adapters; the benchmark, demo and
+synthetic-model code lives in `host_weight_runtime.tools`, which the product never imports.
+A static scan of every tools source file (function bodies and importlib calls included)
+checks that each name it takes from the product is exported by `host_weight_runtime` or
+`host_weight_runtime.diffusion` (`__all__`), the named fault seams of `_faults` aside.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import host_weight_runtime
+
+PACKAGE = "host_weight_runtime"
+PACKAGE_DIR = Path(host_weight_runtime.__file__).resolve().parent
+TOOLS = f"{PACKAGE}.tools"
+DIFFUSION = f"{PACKAGE}.diffusion"
+CLI = f"{PACKAGE}.cli"
+# Fault seams are named on purpose so tools and tests can reach them (STYLE: fault injection).
+SEAMS = f"{PACKAGE}._faults"
+PUBLIC_MODULES = (PACKAGE, DIFFUSION)
+IMPORT_FUNCTIONS = {"import_module", "__import__"}
+TOOLING_WORDS = ("bench", "demo", "synthetic")
+
+PublicNames = dict[str, frozenset[str]]
+
+
+@dataclass(frozen=True)
+class Violation:
+    module: str
+    line: int
+    target: str
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.line} imports {self.target}, which is not public API"
+
+
+def module_name_for(path: Path, package_dir: Path = PACKAGE_DIR, package: str = PACKAGE) -> str:
+    parts = list(path.relative_to(package_dir).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([package, *parts])
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _resolve_from(module: str, is_package: bool, level: int, target: str | None) -> str:
+    """The absolute module named by `from <level dots><target> import ...` inside `module`."""
+    if level == 0:
+        return target or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join([*base, target] if target else base)
+
+
+def declared_all(init_file: Path) -> frozenset[str]:
+    """The names a package's `__init__.py` lists in `__all__`, read without importing it."""
+    for node in ast.parse(init_file.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return frozenset(ast.literal_eval(node.value))
+    raise AssertionError(f"{init_file} declares no __all__")
+
+
+def public_names(package_dir: Path = PACKAGE_DIR, package: str = PACKAGE) -> PublicNames:
+    return {
+        package: declared_all(package_dir / "__init__.py"),
+        f"{package}.diffusion": declared_all(package_dir / "diffusion" / "__init__.py"),
+    }
+
+
+def _module_allowed(name: str, package: str) -> bool:
+    """A whole module a tool may import: another tool, or the fault seams."""
+    return _within(name, f"{package}.tools") or name == f"{package}._faults"
+
+
+def scan_tool_source(
+    source: str, module: str, is_package: bool, public: PublicNames, package: str = PACKAGE
+) -> list[Violation]:
+    """Every import of the product that is not a public name (absolute, relative, lazy or through importlib).
+
+    `import host_weight_runtime` itself is reported too: attribute access past it cannot be checked.
+    """
+    found: list[Violation] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            base = _resolve_from(module, is_package, node.level, node.module)
+            if not _within(base, package) or _module_allowed(base, package):
+                continue
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                if _module_allowed(target, package) or alias.name in public.get(base, frozenset()):
+                    continue
+                found.append(Violation(module, node.lineno, target))
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            first = node.args[0] if node.args else None
+            if called in IMPORT_FUNCTIONS and isinstance(first, ast.Constant) and isinstance(first.value, str):
+                names = [first.value]
+        found.extend(
+            Violation(module, node.lineno, name)
+            for name in names
+            if _within(name, package) and not _module_allowed(name, package)
+        )
+    return found
+
+
+def _sources_under(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.py"))
+
+
+def test_tools_import_only_the_public_api() -> None:
+    """C08: every tools module takes from the product only names its two public `__init__` files export."""
+    public = public_names()
+    tools = _sources_under(PACKAGE_DIR / "tools")
+    modules = {module_name_for(p) for p in tools}
+    assert {f"{TOOLS}.demo_store", f"{TOOLS}.demo_diffusers", f"{TOOLS}.synthetic_models", f"{TOOLS}.bench.runner"} <= (
+        modules
+    ), "the scan did not see the tools"
+    violations = [
+        str(v)
+        for path in tools
+        for v in scan_tool_source(
+            path.read_text(encoding="utf-8"), module_name_for(path), path.name == "__init__.py", public
+        )
+    ]
+    assert violations == []
+
+
+def test_only_tools_hold_bench_demo_and_synthetic_modules() -> None:
+    """C08: no module outside `host_weight_runtime.tools` (the diffusion adapters included) is tooling.
+
+    The CLI's command modules (`cli/bench.py`, `cli/demo.py`) are named after their commands and only parse
+    and print; they are the one place allowed to import the tools."""
+    outside = [
+        module_name_for(p)
+        for p in _sources_under(PACKAGE_DIR)
+        if not _within(module_name_for(p), TOOLS) and not _within(module_name_for(p), CLI)
+    ]
+    assert any(_within(m, DIFFUSION) for m in outside), "the scan did not see the diffusion adapters"
+    tooling = [m for m in outside if any(word in part.lower() for part in m.split(".") for word in TOOLING_WORDS)]
+    assert tooling == []
+
+
+def test_product_never_imports_the_tools() -> None:
+    """C08: core and diffusion adapters never import `host_weight_runtime.tools`, not even lazily; only the CLI package runs them."""
+    imports: list[str] = []
+    for path in _sources_under(PACKAGE_DIR):
+        module = module_name_for(path)
+        if _within(module, TOOLS) or _within(module, CLI):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imports.extend(f"{module}:{node.lineno} {a.name}" for a in node.names if _within(a.name, TOOLS))
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve_from(module, path.name == "__init__.py", node.level, node.module)
+                targets = [base, *(f"{base}.{a.name}" for a in node.names)]
+                imports.extend(f"{module}:{node.lineno} {t}" for t in targets if _within(t, TOOLS))
+    assert imports == []
+
+
+_PUBLIC: PublicNames = {PACKAGE: frozenset({"HostWeightRuntime"}), DIFFUSION: frozenset({"load_component"})}
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "is_package", "expected"),
+    [
+        ("from ..filesystem._fsutil import remove_tree", f"{TOOLS}.demo", False,
+         f"{PACKAGE}.filesystem._fsutil.remove_tree"),
+        ("from ...runtime import HostWeightRuntime", f"{TOOLS}.bench.runner", False,
+         f"{PACKAGE}.runtime.HostWeightRuntime"),
+        ("from host_weight_runtime.tensors import SAFETENSORS_DTYPES", f"{TOOLS}.x", False,
+         f"{PACKAGE}.tensors.SAFETENSORS_DTYPES"),
+        ("from host_weight_runtime import default_root", f"{TOOLS}.x", False, f"{PACKAGE}.default_root"),
+        ("from host_weight_runtime.diffusion.loader import build_skeleton", f"{TOOLS}.x", False,
+         f"{DIFFUSION}.loader.build_skeleton"),
+        ("from host_weight_runtime.diffusion import prewarm_component", f"{TOOLS}.x", False,
+         f"{DIFFUSION}.prewarm_component"),
+        ("from .. import runtime", f"{TOOLS}", True, f"{PACKAGE}.runtime"),
+        ("from host_weight_runtime import *", f"{TOOLS}.x", False, f"{PACKAGE}.*"),
+        ("def f():\n    from ..diffusion import loader\n", f"{TOOLS}.x", False, f"{DIFFUSION}.loader"),
+        ("import host_weight_runtime.config", f"{TOOLS}.x", False, f"{PACKAGE}.config"),
+        ("import host_weight_runtime", f"{TOOLS}.x", False, PACKAGE),
+        ("import importlib\nimportlib.import_module('host_weight_runtime.lease')", f"{TOOLS}.x", False,
+         f"{PACKAGE}.lease"),
+    ],
+)
+def test_scanner_flags_private_imports(source: str, module: str, is_package: bool, expected: str) -> None:
+    """C08: the tools scan can fail: a private module or a name missing from `__all__` is reported."""
+    assert expected in {v.target for v in scan_tool_source(source, module, is_package, _PUBLIC)}
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "is_package"),
+    [
+        ("from host_weight_runtime import HostWeightRuntime", f"{TOOLS}.x", False),
+        ("from host_weight_runtime.diffusion import load_component", f"{TOOLS}.bench.measure", False),
+        ("from ..diffusion import load_component", f"{TOOLS}.x", False),
+        ("from host_weight_runtime._faults import fault_point", f"{TOOLS}.bench.runner", False),
+        ("from .. import _faults", f"{TOOLS}.x", False),
+        ("from ..common import remove_tree", f"{TOOLS}.bench.runner", False),
+        ("from . import common", f"{TOOLS}", True),
+        ("from .demo_store import _terminate_as_exit", f"{TOOLS}.demo_diffusers", False),
+        ("import host_weight_runtime.tools.bench.worker", f"{TOOLS}.x", False),
+        ("import torch\nfrom diffusers import ModelMixin", f"{TOOLS}.x", False),
+        ("import host_weight_runtime_like", f"{TOOLS}.x", False),
+    ],
+)
+def test_scanner_allows_public_and_tool_imports(source: str, module: str, is_package: bool) -> None:
+    """C08: public names, other tools, the fault seams and third-party packages are not reported."""
+    assert scan_tool_source(source, module, is_package, _PUBLIC) == []
+
+
+def test_public_names_are_read_from_both_init_files() -> None:
+    """C08: the allowed names are exactly the two `__all__` lists, so exporting a name is what makes it usable."""
+    public = public_names()
+    assert public[PACKAGE] == frozenset(host_weight_runtime.__all__)
+    assert "load_component" in public[DIFFUSION]
+    assert "load_component" not in public[PACKAGE]
