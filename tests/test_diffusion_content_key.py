@@ -19,16 +19,16 @@ import torch
 
 from host_weight_runtime.diffusion import load_component
 from host_weight_runtime.diffusion._source_snapshot import key_content_id
-from host_weight_runtime.diffusion._synthetic_models import (
+from host_weight_runtime.diffusion.loader import ComponentLoadPath, LoadedComponent
+from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
+from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
+from host_weight_runtime.tools.synthetic_models import (
     forward_inputs,
     run_forward,
     save_hub_snapshot,
     save_pipeline_folder,
     tiny_spec,
 )
-from host_weight_runtime.diffusion.loader import ComponentLoadPath, LoadedComponent
-from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
-from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
 
 KIND = "flux"
 SUBFOLDER = "transformer"
