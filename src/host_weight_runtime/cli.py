@@ -34,7 +34,7 @@ from rich.text import Text
 from . import __version__
 from .canonical_json import JsonValue
 from .config import ENV_ROOT, HostWeightRuntimeConfig, default_root
-from .failures import HostWeightError
+from .failures import HostWeightError, HostWeightUsageError
 from .filesystem._layout import DomainLayout, check_key
 from .filesystem.inspection import ArtifactInspection, ArtifactState, DomainInspection
 from .filesystem.store import FilesystemHostWeightStore
@@ -675,6 +675,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReportedError as exc:
         _stderr().print(Text(f"hwr {args.command}: {exc}"))
         return EXIT_FAILURE
+    except HostWeightUsageError as exc:  # a bad argument or model folder: a usage error, whatever its family
+        _stderr().print(Text(f"hwr {args.command}: {exc.failure.message}"))
+        return EXIT_USAGE
     except HostWeightError as exc:
         problem = exc.failure
         _stderr().print(Text(f"hwr {args.command}: [{problem.code.value}] {problem.message}"))

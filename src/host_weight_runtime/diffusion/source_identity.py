@@ -858,14 +858,51 @@ def _read_index(index: Path) -> list[str]:
     return list(shards)
 
 
-def _select_weight_files(root: Path) -> tuple[tuple[Path, ...], bool]:
+def _variant_name(name: str, variant: str | None) -> str:
+    """diffusers' spelling of a variant file: the variant goes before the last suffix (`x.fp16.safetensors`)."""
+    if variant is None:
+        return name
+    head, _, suffix = name.rpartition(".")
+    return f"{head}.{variant}.{suffix}"
+
+
+def _variant_files(root: Path) -> list[str]:
+    """Names in `root` that are some variant of a weight file the loader reads, e.g. `*.fp16.safetensors`."""
+    patterns = [
+        re.compile(re.escape(head) + r"\.[^./]+\." + re.escape(suffix))
+        for head, _, suffix in (name.rpartition(".") for name, _is_index, _safe in _WEIGHT_CANDIDATES)
+    ]
+    try:
+        names = sorted(entry.name for entry in root.iterdir())
+    except OSError:
+        return []
+    return [name for name in names if any(pattern.fullmatch(name) for pattern in patterns)]
+
+
+def _select_weight_files_or_none(root: Path, use_safetensors: bool | None) -> bool:
+    """Whether `root` holds weights without a variant (for the hint of a variant that is not there)."""
+    try:
+        _select_weight_files(root, None, use_safetensors)
+    except ValueError:
+        return False
+    return True
+
+
+def _select_weight_files(
+    root: Path, variant: str | None = None, use_safetensors: bool | None = None
+) -> tuple[tuple[Path, ...], bool]:
     """The files the ordinary loader would read from `root`; ValueError saying what is missing."""
-    for name, is_index, use_safetensors in _WEIGHT_CANDIDATES:
+    candidates = [
+        (_variant_name(name, variant), is_index, safe)
+        for name, is_index, safe in _WEIGHT_CANDIDATES
+        if use_safetensors is None or safe is use_safetensors
+    ]
+    for name, is_index, safe in candidates:
         candidate = root / name
         if not candidate.is_file():
             continue
         if not is_index:
-            return (candidate,), use_safetensors
+            return (candidate,), safe
         try:
             shards = _read_index(candidate)
         except OSError as exc:
@@ -877,9 +914,16 @@ def _select_weight_files(root: Path) -> tuple[tuple[Path, ...], bool]:
                 f"the weight index {candidate} names shard(s) that do not exist: {missing[:_MAX_LISTED]}; "
                 f"download or copy the missing shards"
             )
-        return tuple(sorted(set(files))), use_safetensors
-    names = ", ".join(name for name, _is_index, _safe in _WEIGHT_CANDIDATES)
-    raise ValueError(f"{root} holds no weight file the loader reads (looked for {names})")
+        return tuple(sorted(set(files))), safe
+    names = ", ".join(name for name, _is_index, _safe in candidates)
+    variants = _variant_files(root)
+    hint = ""
+    if variants:
+        found = " or ".join(sorted({f'variant="{name.split(".")[-2]}"' for name in variants}))
+        hint = f"; it holds variant weight files {variants[:_MAX_LISTED]}: pass {found}"
+    elif variant is not None and _select_weight_files_or_none(root, use_safetensors):
+        hint = f"; it holds weights without a variant: drop variant={variant!r}"
+    raise ValueError(f"{root} holds no weight file the loader reads (looked for {names}){hint}")
 
 
 def prepare_weight_source(
@@ -889,8 +933,13 @@ def prepare_weight_source(
     revision: str | None = None,
     prefix: str = "",
     cache_dir: Path | None = None,
+    variant: str | None = None,
+    use_safetensors: bool | None = None,
 ) -> PreparedWeightSource:
-    """Select the checkpoint files a diffusers load of this folder or cached hub repo would read."""
+    """Select the checkpoint files a diffusers load of this folder or cached hub repo would read.
+
+    `variant` and `use_safetensors` choose among them as in diffusers' `from_pretrained`.
+    """
     text = os.fspath(model_or_path)
     if type(text) is not str or not text:
         raise ValueError(f"model_or_path must be a non-empty folder path or 'org/name', got {model_or_path!r}")
@@ -905,9 +954,9 @@ def prepare_weight_source(
         if not (root / "config.json").is_file():
             hint = "" if subfolder else "; for a pipeline folder pass the component, e.g. subfolder='transformer'"
             raise ValueError(f"{root} has no config.json, so it is not a diffusers model folder{hint}")
-        files, use_safetensors = _select_weight_files(root)
+        files, safe = _select_weight_files(root, variant, use_safetensors)
         return PreparedWeightSource(
-            text, revision, root, normal_subfolder, prefix, files, use_safetensors, WeightSourceKind.LOCAL_PATH
+            text, revision, root, normal_subfolder, prefix, files, safe, WeightSourceKind.LOCAL_PATH
         )
     if not _REPO_ID.fullmatch(text) or "--" in text or ".." in text:
         raise raise_failure(
@@ -923,9 +972,9 @@ def prepare_weight_source(
     if not (root / "config.json").is_file():
         raise _not_cached(text, wanted, root, "the snapshot has no config.json there (a partial download?)")
     try:
-        files, use_safetensors = _select_weight_files(root)
+        files, safe = _select_weight_files(root, variant, use_safetensors)
     except ValueError as exc:
         raise _not_cached(text, wanted, root, str(exc)) from exc
     return PreparedWeightSource(
-        text, revision, root, normal_subfolder, prefix, files, use_safetensors, WeightSourceKind.HUGGING_FACE_HUB
+        text, revision, root, normal_subfolder, prefix, files, safe, WeightSourceKind.HUGGING_FACE_HUB
     )
