@@ -232,10 +232,12 @@ def _register_exit_wait() -> None:
         import concurrent.futures.thread  # noqa: F401  (its exit callback must be registered before ours)
 
         register: Callable[[Callable[[], None]], None] | None = getattr(threading, "_register_atexit", None)
-        if register is None:
-            _LOG.warning("this Python cannot wait for background publications at exit; call wait() before exiting")
-        else:
+        try:
+            if register is None:
+                raise RuntimeError("this Python has no threading._register_atexit")
             register(_wait_for_background_publications)
+        except RuntimeError as exc:  # also raised when the interpreter is already shutting down
+            _LOG.warning("cannot wait for background publications at exit (%s); call wait() before exiting", exc)
         _exit_wait_registered.set()
 
 
