@@ -228,7 +228,7 @@ def test_bench_measures_every_row_on_the_same_bytes(bench_run: tuple[int, Path])
     assert rows[COLD_PUBLISH]["hot"]["publications"] == ["published"]
     assert rows[COLD_STREAM]["hot"]["outcomes"] == ["local_production"]
     assert rows[WARM_SHM]["hot"]["outcomes"] == ["local_hit"]
-    assert rows[COLD_BACKGROUND]["hot"]["outcomes"] == ["None"]  # no lookup: nothing was ever hashed here
+    assert rows[COLD_BACKGROUND]["hot"]["outcomes"] == ["canonical_fallback"]  # lookup skipped: nothing hashed here
     assert rows[COLD_BACKGROUND]["hot"]["published_ms"] is not None
     assert rows[COLD_PUBLISH]["hot"]["published_ms"] is None
 

@@ -86,7 +86,9 @@ def test_on_a_node_that_never_hashed_the_checkpoint_the_first_load_is_canonical_
     root = tmp_path / "domain"
     with load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root), publish_in_background=True) as first:
         assert first.load_path is ComponentLoadPath.CANONICAL
-        assert first.resolution is None and first.publication is None and first.identity_key is None
+        assert first.outcome is ResolutionOutcome.CANONICAL_FALLBACK and first.resolution.identity_key == ""
+        assert [attempt.result for attempt in first.resolution.attempts] == [AttemptResult.SKIPPED]
+        assert first.publication is None and first.identity_key is None
         assert torch.equal(_forward(first.model), canonical_output)
         background = _finished(first.background_publication)
         assert background.result is not None

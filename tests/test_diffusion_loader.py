@@ -434,7 +434,7 @@ def test_the_model_keeps_its_lease_until_close(
         assert loaded.outcome is ResolutionOutcome.LOCAL_HIT and lease is not None
         assert not lease.closed
         model: Any = loaded.model
-        assert model._host_weight_lease is lease
+        assert model._host_weight_lease.lease is lease
         assert loaded.identity_key == lease.identity.key
         assert _lease_active(root, lease.identity.key)
         assert cli.main(["inspect", "--root", str(root), "--json"]) == 0

@@ -183,14 +183,15 @@ def test_validator_refuses_wan_with_a_kept_fp32_tensor_cast_to_bf16(restore: Any
         contract.validator(model)
 
 
-def test_validator_refuses_trainable_parameters_and_missing_modules(restore: Any) -> None:
-    """D13: restored weights are inference-only, and a model lacking a module its contract requires is refused."""
+def test_validator_keeps_requires_grad_and_refuses_missing_modules(restore: Any) -> None:
+    """D13: requires_grad is left as diffusers gives it (either value passes), and a model lacking a module its
+    contract requires is refused."""
     restored = restore("sd3")
     contract = _contract("sd3")
     model = restored.model
     weight = model.proj_out.weight
-    model.proj_out.weight = torch.nn.Parameter(weight, requires_grad=True)
-    with pytest.raises(ModelNotReadyError, match="requires grad"):
+    for requires_grad in (True, False):
+        model.proj_out.weight = torch.nn.Parameter(weight, requires_grad=requires_grad)
         contract.validator(model)
     model.proj_out.weight = weight
     contract.validator(model)

@@ -6,7 +6,7 @@ node gets a validated lease of memory-mapped CPU tensors that share the same pag
 
 from .canonical_json import CanonicalJson
 from .config import CapacityPolicy, HostWeightRuntimeConfig, RuntimeMode, StorageClass, default_root
-from .failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage
+from .failures import FailureCode, HostWeightError, HostWeightFailure, HostWeightUsageError, ResolutionStage
 from .filesystem.domain import MountEntry, MountTable, read_mount_table
 from .filesystem.inspection import ArtifactInspection, ArtifactState, DomainInspection, LockActivity
 from .filesystem.store import FilesystemHostWeightStore
@@ -85,6 +85,7 @@ __all__ = [
     "HostWeightRuntime",
     "HostWeightRuntimeConfig",
     "HostWeightStore",
+    "HostWeightUsageError",
     "LeaseProvenance",
     "LeaseSource",
     "LockActivity",

@@ -140,6 +140,23 @@ class HostWeightError(Exception):
         return (type(self), (self.failure,))
 
 
+class HostWeightUsageError(HostWeightError, ValueError):
+    """A bad argument or input, said with what to fix; nothing was touched when it is raised.
+
+    It is both a `HostWeightError` (stage CONFIGURATION, a stable code) and a `ValueError`,
+    so `except HostWeightError` and existing `except ValueError` code both catch it.
+    """
+
+
+def usage_error(
+    message: str, *, code: FailureCode = FailureCode.INVALID_CONFIGURATION, **details: JsonValue
+) -> HostWeightUsageError:
+    """Build the exception for a caller's mistake (callers write `raise usage_error(...)`)."""
+    return HostWeightUsageError(
+        HostWeightFailure(ResolutionStage.CONFIGURATION, code, False, message, CanonicalJson.from_value(details))
+    )
+
+
 def raise_failure(
     stage: ResolutionStage,
     code: FailureCode,

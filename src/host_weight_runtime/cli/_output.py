@@ -26,7 +26,7 @@ from rich.prompt import Confirm
 from rich.text import Text
 
 from ..canonical_json import JsonValue
-from ..failures import HostWeightError
+from ..failures import HostWeightError, HostWeightUsageError
 
 __all__ = [
     "EXIT_FAILURE",
@@ -144,6 +144,9 @@ def run_command(command: str, action: Callable[[], int]) -> int:
     except ReportedError as exc:
         stderr_console().print(Text(f"hwr {command}: {exc}"))
         return EXIT_FAILURE
+    except HostWeightUsageError as exc:  # a bad argument or model folder: a usage error, whatever its family
+        stderr_console().print(Text(f"hwr {command}: {exc.failure.message}"))
+        return EXIT_USAGE
     except HostWeightError as exc:
         problem = exc.failure
         stderr_console().print(Text(f"hwr {command}: [{problem.code.value}] {problem.message}"))

@@ -1,9 +1,11 @@
 """Typed diffusion adapters for runtime-ready final-layout artifacts.
 
-Most users need one call, `load_component`; the rest is the adapter API that
-`load_component` is built from, for loaders that assemble pipelines themselves.
+Most users need one call, `load_component` (a bad argument or model folder raises
+`HostWeightUsageError`); the rest is the adapter API that `load_component` is built from,
+for loaders that assemble pipelines themselves.
 """
 
+from ..failures import HostWeightUsageError
 from . import contracts, identity_adapter, producers, restorer, source_identity, tensor_layout
 from .contracts import (
     FINAL_LAYOUT_BF16_POLICY,
@@ -53,6 +55,7 @@ __all__ = [
     "FinalLayoutTensorPolicy",
     "FinalLayoutTensorRestorePlan",
     "FinalLayoutTensorRestorer",
+    "HostWeightUsageError",
     "ImplementationIdentity",
     "LoadedComponent",
     "ModelNotReadyError",

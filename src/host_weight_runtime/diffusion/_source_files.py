@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path, PurePosixPath
 
 from ..canonical_json import decode_json
@@ -39,14 +40,54 @@ def _read_index(index: Path) -> list[str]:
     return list(shards)
 
 
-def select_weight_files(root: Path) -> tuple[tuple[Path, ...], bool]:
-    """The files the ordinary loader would read from `root`; ValueError saying what is missing."""
-    for name, is_index, use_safetensors in WEIGHT_CANDIDATES:
+def _variant_name(name: str, variant: str | None) -> str:
+    """diffusers' spelling of a variant file: the variant goes before the last suffix (`x.fp16.safetensors`)."""
+    if variant is None:
+        return name
+    head, _, suffix = name.rpartition(".")
+    return f"{head}.{variant}.{suffix}"
+
+
+def _variant_files(root: Path) -> list[str]:
+    """Names in `root` that are some variant of a weight file the loader reads, e.g. `*.fp16.safetensors`."""
+    patterns = [
+        re.compile(re.escape(head) + r"\.[^./]+\." + re.escape(suffix))
+        for head, _, suffix in (name.rpartition(".") for name, _is_index, _safe in WEIGHT_CANDIDATES)
+    ]
+    try:
+        names = sorted(entry.name for entry in root.iterdir())
+    except OSError:
+        return []
+    return [name for name in names if any(pattern.fullmatch(name) for pattern in patterns)]
+
+
+def _holds_plain_weights(root: Path, use_safetensors: bool | None) -> bool:
+    """Whether `root` holds weights without a variant (for the hint of a variant that is not there)."""
+    try:
+        select_weight_files(root, None, use_safetensors)
+    except ValueError:
+        return False
+    return True
+
+
+def select_weight_files(
+    root: Path, variant: str | None = None, use_safetensors: bool | None = None
+) -> tuple[tuple[Path, ...], bool]:
+    """The files the ordinary loader would read from `root`; ValueError saying what is missing.
+
+    `variant` and `use_safetensors` choose among them as diffusers' `from_pretrained` does.
+    """
+    candidates = [
+        (_variant_name(name, variant), is_index, safe)
+        for name, is_index, safe in WEIGHT_CANDIDATES
+        if use_safetensors is None or safe is use_safetensors
+    ]
+    for name, is_index, safe in candidates:
         candidate = root / name
         if not candidate.is_file():
             continue
         if not is_index:
-            return (candidate,), use_safetensors
+            return (candidate,), safe
         try:
             shards = _read_index(candidate)
         except OSError as exc:
@@ -58,6 +99,13 @@ def select_weight_files(root: Path) -> tuple[tuple[Path, ...], bool]:
                 f"the weight index {candidate} names shard(s) that do not exist: {missing[:MAX_LISTED]}; "
                 f"download or copy the missing shards"
             )
-        return tuple(sorted(set(files))), use_safetensors
-    names = ", ".join(name for name, _is_index, _safe in WEIGHT_CANDIDATES)
-    raise ValueError(f"{root} holds no weight file the loader reads (looked for {names})")
+        return tuple(sorted(set(files))), safe
+    names = ", ".join(name for name, _is_index, _safe in candidates)
+    variants = _variant_files(root)
+    hint = ""
+    if variants:
+        found = " or ".join(sorted({f'variant="{name.split(".")[-2]}"' for name in variants}))
+        hint = f"; it holds variant weight files {variants[:MAX_LISTED]}: pass {found}"
+    elif variant is not None and _holds_plain_weights(root, use_safetensors):
+        hint = f"; it holds weights without a variant: drop variant={variant!r}"
+    raise ValueError(f"{root} holds no weight file the loader reads (looked for {names}){hint}")

@@ -306,7 +306,7 @@ _BF16_IMPLEMENTATION_ABI = CanonicalJson.from_value(
             "non_floating": "unchanged",
         },
         "file_format": "safetensors; tensors sorted by element size, naturally aligned",
-        "restore": "zero-copy binding of parameters (requires_grad=False) and buffers to lease tensors",
+        "restore": "zero-copy binding of parameters (requires_grad kept) and buffers to lease tensors",
         "manifest_schema": FINAL_LAYOUT_BF16_MANIFEST_SCHEMA,
         "restorer_schema": FINAL_LAYOUT_TENSOR_RESTORER_SCHEMA,
     }

@@ -7,27 +7,47 @@ publish the result for the next worker. Every step is reported on the returned v
 
 from __future__ import annotations
 
+import copy
 import enum
 import hashlib
+import importlib
 import json
 import logging
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from ..canonical_json import encode_canonical
 from ..config import RuntimeMode
-from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
+from ..failures import (
+    FailureCode,
+    HostWeightError,
+    HostWeightFailure,
+    HostWeightUsageError,
+    ResolutionStage,
+    failure,
+    usage_error,
+)
 from ..lease import HostWeightLease
-from ..outcomes import PostLoadPublicationReport, ResolutionOutcome, ResolutionReport
+from ..outcomes import (
+    AttemptAction,
+    AttemptResult,
+    PostLoadPublicationReport,
+    ResolutionAttempt,
+    ResolutionOutcome,
+    ResolutionReport,
+)
 from ..runtime import HostWeightRuntime
+from ._load_options import LoadOptions, check_load_arguments, check_parallel, check_variant
 from .contracts import (
     FINAL_LAYOUT_BF16_POLICY,
     FinalLayoutLoaderIdentity,
@@ -76,8 +96,13 @@ class ComponentLoadPath(str, enum.Enum):
 class LoadedComponent:
     """A loaded diffusers model with the reports that explain how it was loaded.
 
-    On the ARTIFACT path the model's tensors are views of a lease; the model keeps that
-    lease alive, and `close()` releases it once the model is no longer served.
+    `outcome` is always set: the runtime's answer, or, where the loader did not ask the runtime,
+    CANONICAL_DIRECT (runtime DISABLED) or CANONICAL_FALLBACK with one attempt saying why (the
+    lookup was skipped, or no identity could be built); then `resolution.identity_key` is "".
+    `elapsed_s` is the load itself; `import_s` is what this call spent importing diffusers and the
+    model's module (0 once they are imported), so the call took `import_s + elapsed_s`.
+    On the ARTIFACT path the model's tensors are views of a lease; the model keeps that lease
+    alive, and `close()` releases it once the model is no longer served.
     `domain_root` says where the runtime keeps artifacts (None when it is DISABLED).
     """
 
@@ -88,6 +113,7 @@ class LoadedComponent:
         "elapsed_s",
         "identity_failure",
         "identity_key",
+        "import_s",
         "load_path",
         "model",
         "publication",
@@ -101,9 +127,10 @@ class LoadedComponent:
         load_path: ComponentLoadPath,
         *,
         elapsed_s: float,
+        resolution: ResolutionReport,
+        import_s: float = 0.0,
         domain_root: Path | None = None,
         identity_key: str | None = None,
-        resolution: ResolutionReport | None = None,
         publication: PostLoadPublicationReport | None = None,
         identity_failure: HostWeightFailure | None = None,
         restore_failure: HostWeightFailure | None = None,
@@ -114,6 +141,7 @@ class LoadedComponent:
         self.background_publication = background_publication
         self.load_path = load_path
         self.elapsed_s = elapsed_s
+        self.import_s = import_s
         self.domain_root = domain_root
         self.identity_key = identity_key
         self.resolution = resolution
@@ -123,8 +151,8 @@ class LoadedComponent:
         self._lease = lease
 
     @property
-    def outcome(self) -> ResolutionOutcome | None:
-        return None if self.resolution is None else self.resolution.outcome
+    def outcome(self) -> ResolutionOutcome:
+        return self.resolution.outcome
 
     @property
     def lease(self) -> HostWeightLease | None:
@@ -145,10 +173,11 @@ class LoadedComponent:
         """A JSON-friendly account of the load, for logs and `--json` output."""
         return {
             "load_path": self.load_path.value,
-            "outcome": None if self.outcome is None else self.outcome.value,
+            "outcome": self.outcome.value,
             "identity_key": self.identity_key,
             "domain_root": None if self.domain_root is None else str(self.domain_root),
             "elapsed_s": self.elapsed_s,
+            "import_s": self.import_s,
             "publication": None if self.publication is None else self.publication.status.value,
             "background_publication": None
             if self.background_publication is None
@@ -168,16 +197,60 @@ class PrewarmResult:
     tensor_count: int
 
 
+# Background publications still running; the interpreter waits for them before it shuts threads down.
+_running: set[BackgroundPublication] = set()
+_running_guard = threading.Lock()
+_exit_wait_registered = threading.Event()
+
+
+def _wait_for_background_publications() -> None:
+    """Join every running background publication (called once, at interpreter exit)."""
+    while True:
+        with _running_guard:
+            pending = next(iter(_running), None)
+        if pending is None:
+            return
+        pending._thread.join()
+        with _running_guard:
+            _running.discard(pending)
+
+
+def _register_exit_wait() -> None:
+    """Make interpreter exit wait for background publications while thread pools still take work.
+
+    A plain non-daemon thread is not enough: at exit, `threading._shutdown()` first runs the
+    callbacks registered with `threading._register_atexit`, newest first, and only then joins
+    non-daemon threads. One of those callbacks, registered when `concurrent.futures.thread` is
+    imported, makes every executor refuse new work ("cannot schedule new futures after
+    interpreter shutdown"), and the publication hashes and writes through executors. So the wait
+    is registered the same way, after that module is imported, and therefore runs before it. The
+    hook is CPython's (3.9+); where it is missing, `background_publication.wait()` is the way.
+    """
+    with _running_guard:
+        if _exit_wait_registered.is_set():
+            return
+        import concurrent.futures.thread  # noqa: F401  (its exit callback must be registered before ours)
+
+        register: Callable[[Callable[[], None]], None] | None = getattr(threading, "_register_atexit", None)
+        try:
+            if register is None:
+                raise RuntimeError("this Python has no threading._register_atexit")
+            register(_wait_for_background_publications)
+        except RuntimeError as exc:  # also raised when the interpreter is already shutting down
+            _LOG.warning("cannot wait for background publications at exit (%s); call wait() before exiting", exc)
+        _exit_wait_registered.set()
+
+
 class BackgroundPublication:
     """The artifact of a canonically loaded model, built from its checkpoint on a thread of its own.
 
     The thread streams the checkpoint (it never reads the serving model, so nothing the
-    caller does to the model can reach the artifact). It is not a daemon: a process that
-    exits waits for the publication, so the first worker on a node always leaves an
-    artifact behind. Failures are logged and kept in `failure`; they never raise here.
+    caller does to the model can reach the artifact). A process that ends waits for it at
+    exit, before thread pools stop taking work, so the first worker on a node always leaves
+    an artifact behind. Failures are logged and kept in `failure`; they never raise here.
     """
 
-    __slots__ = ("_done", "_job", "_thread", "elapsed_s", "failure", "result")
+    __slots__ = ("__weakref__", "_done", "_job", "_thread", "elapsed_s", "failure", "result")
 
     def __init__(self, job: Callable[[], PrewarmResult]) -> None:
         self._job = job
@@ -186,6 +259,9 @@ class BackgroundPublication:
         self.failure: HostWeightFailure | None = None
         self.elapsed_s: float | None = None
         self._thread = threading.Thread(target=self._run, name="hwr-background-publish", daemon=False)
+        _register_exit_wait()
+        with _running_guard:
+            _running.add(self)
         self._thread.start()
 
     def _run(self) -> None:
@@ -204,6 +280,8 @@ class BackgroundPublication:
             self.elapsed_s = time.monotonic() - started
             self._job = _finished_job
             self._done.set()
+            with _running_guard:
+                _running.discard(self)
 
     @property
     def done(self) -> bool:
@@ -231,6 +309,111 @@ def _finished_job() -> PrewarmResult:
     raise RuntimeError("this background publication already ran")
 
 
+_ANCHOR_ATTRIBUTES = ("__deepcopy__", "_host_weight_lease")
+
+
+def _no_anchor() -> None:
+    """What a pickled anchor becomes: nothing, since an unpickled model owns its tensors."""
+    return None
+
+
+class _LeaseAnchor:
+    """What a restored model holds, as `_host_weight_lease` and as its own `__deepcopy__`.
+
+    It keeps the lease (and so its shared lock) alive as long as the model lives. `copy.deepcopy`
+    looks `__deepcopy__` up on the instance, finds the anchor, and gets a model that owns plain
+    tensors and no lease, so closing the lease or removing the artifact never reaches the copy.
+    """
+
+    __slots__ = ("_model", "lease")
+
+    def __init__(self, model: torch.nn.Module, lease: HostWeightLease) -> None:
+        self.lease = lease
+        self._model = weakref.ref(model)  # the model holds the anchor; no cycle keeps either alive
+
+    def __call__(self, memo: dict[int, Any] | None = None) -> torch.nn.Module:
+        model = self._model()
+        if model is None:
+            raise RuntimeError("the model of this lease anchor is gone")
+        memo = {} if memo is None else memo
+        # Tensor.__deepcopy__ copies a view's whole storage, which for a leased buffer is a whole
+        # payload file; compact copies go into the memo first (parameters copy compactly anyway).
+        for buffer in model.buffers():
+            if id(buffer) not in memo:
+                memo[id(buffer)] = buffer.detach().clone().requires_grad_(buffer.requires_grad)
+        duplicate: Any = type(model).__new__(type(model))
+        memo[id(model)] = duplicate
+        state = {name: value for name, value in vars(model).items() if name not in _ANCHOR_ATTRIBUTES}
+        duplicate.__setstate__(copy.deepcopy(state, memo))  # nn.Module's: restores __dict__ and hook defaults
+        return cast(torch.nn.Module, duplicate)
+
+    def __reduce__(self) -> tuple[Callable[[], None], tuple[()]]:
+        return (_no_anchor, ())
+
+
+def _anchor(model: torch.nn.Module, lease: HostWeightLease) -> None:
+    """Let the model keep its lease (and lock) alive, and deep-copy into a model of its own."""
+    anchor = _LeaseAnchor(model, lease)
+    for name in _ANCHOR_ATTRIBUTES:
+        object.__setattr__(model, name, anchor)
+
+
+class _ImportClock:
+    """Seconds one call spends importing diffusers and the model's module, kept out of `elapsed_s`."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    @contextmanager
+    def measure(self) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds += time.monotonic() - started
+
+
+_UP_FRONT_MODULES = ("accelerate", "diffusers", "diffusers.models.modeling_utils")
+
+
+def _import_diffusers(clock: _ImportClock) -> None:
+    """Import what every load needs up front, timed on `clock` only when something is not imported yet."""
+    if all(name in sys.modules for name in _UP_FRONT_MODULES):
+        return
+    with clock.measure():
+        for name in _UP_FRONT_MODULES:
+            importlib.import_module(name)
+
+
+@contextmanager
+def _usage_errors() -> Iterator[None]:
+    """A ValueError about the caller's model folder or arguments leaves as a HostWeightUsageError."""
+    try:
+        yield
+    except HostWeightError:
+        raise
+    except ValueError as exc:
+        raise usage_error(str(exc)) from exc
+
+
+def _report_without_lookup(
+    mode: RuntimeMode,
+    outcome: ResolutionOutcome,
+    attempt: ResolutionAttempt | None = None,
+) -> ResolutionReport:
+    """The report of a load that did not ask the runtime: no identity key, at most one attempt saying why."""
+    return ResolutionReport(
+        identity_key="",
+        mode=mode.value,
+        outcome=outcome,
+        attempts=() if attempt is None else (attempt,),
+        elapsed_s=0.0 if attempt is None else attempt.elapsed_s,
+        failure=None if attempt is None else attempt.failure,
+    )
+
+
 class _ComponentPipeline(torch.nn.Module):
     """A one-component container, so a lone model has the `<dit>.<name>` tensor names of a pipeline."""
 
@@ -245,6 +428,7 @@ class _Skeleton:
     skeleton: torch.nn.Module
     holder: torch.nn.Module
     request: FinalLayoutRequest
+    options: LoadOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +439,7 @@ class _Prepared:
     skeleton: torch.nn.Module
     holder: torch.nn.Module
     context: FinalLayoutIdentityContext
+    options: LoadOptions
 
 
 def _component_name(subfolder: str | None) -> str:
@@ -265,20 +450,28 @@ def _component_name(subfolder: str | None) -> str:
     return _DEFAULT_COMPONENT
 
 
-def _model_class(resolved_root: Path) -> type[Any]:
-    """The diffusers class named by the folder's config.json `_class_name`, as diffusers resolves it."""
+def _model_class(resolved_root: Path, clock: _ImportClock | None = None) -> type[Any]:
+    """The diffusers class named by the folder's config.json `_class_name`, as diffusers resolves it.
+
+    diffusers imports the class's module on first use; `clock` counts that as import time.
+    """
     config_path = resolved_root / "config.json"
     try:
         class_name = json.loads(config_path.read_text(encoding="utf-8")).get("_class_name")
     except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read {config_path}: {exc}; point load_component at a diffusers model folder") from exc
+        raise usage_error(
+            f"cannot read {config_path}: {exc}; point load_component at a diffusers model folder"
+        ) from exc
     if not isinstance(class_name, str) or not class_name:
-        raise ValueError(f"{config_path} has no _class_name; it is not a diffusers model config")
+        raise usage_error(f"{config_path} has no _class_name; it is not a diffusers model config")
     import diffusers
 
-    model_class = getattr(diffusers, class_name, None)
+    model_class = vars(diffusers).get(class_name)  # diffusers keeps a class here once its module is imported
+    if model_class is None:
+        with clock.measure() if clock is not None else nullcontext():
+            model_class = getattr(diffusers, class_name, None)
     if not isinstance(model_class, type) or not is_diffusers_model(model_class):
-        raise ValueError(f"{config_path} names {class_name!r}, which is not a diffusers model class")
+        raise usage_error(f"{config_path} names {class_name!r}, which is not a diffusers model class")
     return model_class
 
 
@@ -367,19 +560,25 @@ def _digest_cache(runtime: HostWeightRuntime) -> NodeSourceDigestCache | None:
     return NodeSourceDigestCache(runtime.config.resolved_root, timeout_seconds=runtime.config.lock_timeout_s)
 
 
-def _prepare(
+def _source(
     model_or_path: str | os.PathLike[str],
     *,
     subfolder: str | None,
     revision: str | None,
-    runtime: HostWeightRuntime,
-    parallel: FinalLayoutParallelIdentity,
     cache_dir: Path | None,
-) -> _Prepared:
-    skeleton = _prepare_skeleton(
-        model_or_path, subfolder=subfolder, revision=revision, parallel=parallel, cache_dir=cache_dir
-    )
-    return _identify(skeleton, runtime)
+    options: LoadOptions,
+) -> PreparedWeightSource:
+    """The checkpoint files diffusers would read; a problem with the folder is a HostWeightUsageError."""
+    with _usage_errors():
+        return prepare_weight_source(
+            model_or_path,
+            subfolder=subfolder,
+            revision=revision,
+            prefix=f"{_component_name(subfolder)}.",
+            cache_dir=cache_dir,
+            variant=options.variant,
+            use_safetensors=options.use_safetensors,
+        )
 
 
 def _prepare_skeleton(
@@ -389,14 +588,15 @@ def _prepare_skeleton(
     revision: str | None,
     parallel: FinalLayoutParallelIdentity,
     cache_dir: Path | None,
+    options: LoadOptions,
+    clock: _ImportClock | None = None,
 ) -> _Skeleton:
     """The source files, model class, `meta` skeleton and request: everything but the hashing."""
     component_name = _component_name(subfolder)
-    source = prepare_weight_source(
-        model_or_path, subfolder=subfolder, revision=revision, prefix=f"{component_name}.", cache_dir=cache_dir
-    )
-    model_class = _model_class(source.resolved_root)
-    skeleton = build_skeleton(model_class, source.resolved_root, str(model_or_path))
+    source = _source(model_or_path, subfolder=subfolder, revision=revision, cache_dir=cache_dir, options=options)
+    model_class = _model_class(source.resolved_root, clock)
+    with _usage_errors():
+        skeleton = build_skeleton(model_class, source.resolved_root, str(model_or_path))
     holder = _ComponentPipeline()
     holder.add_module(component_name, skeleton)
     contract = contract_for_model(skeleton)
@@ -406,7 +606,7 @@ def _prepare_skeleton(
         loader=_loader_identity(model_class, config, contract.keep_in_fp32_modules, source.use_safetensors),
         parallel=parallel,
     )
-    return _Skeleton(source, model_class, component_name, skeleton, holder, request)
+    return _Skeleton(source, model_class, component_name, skeleton, holder, request, options)
 
 
 def _identify(prepared: _Skeleton, runtime: HostWeightRuntime) -> _Prepared:
@@ -420,7 +620,13 @@ def _identify(prepared: _Skeleton, runtime: HostWeightRuntime) -> _Prepared:
         source_digest_cache=_digest_cache(runtime),
     )
     return _Prepared(
-        prepared.source, prepared.model_class, prepared.component_name, prepared.skeleton, prepared.holder, context
+        prepared.source,
+        prepared.model_class,
+        prepared.component_name,
+        prepared.skeleton,
+        prepared.holder,
+        context,
+        prepared.options,
     )
 
 
@@ -431,24 +637,16 @@ def _model_id(model_or_path: str | os.PathLike[str], source: PreparedWeightSourc
     return os.path.realpath(model_or_path)
 
 
-def _check_arguments(torch_dtype: torch.dtype, parallel: FinalLayoutParallelIdentity | None) -> None:
-    if torch_dtype != torch.bfloat16:
-        raise ValueError(
-            f"load_component serves the BF16 final-layout representation only; torch_dtype={torch_dtype} is not "
-            "supported: pass torch.bfloat16, or load with diffusers directly"
-        )
-    if parallel is not None and not isinstance(parallel, FinalLayoutParallelIdentity):
-        raise ValueError("parallel must be a FinalLayoutParallelIdentity")
-    if parallel is not None and parallel.tensor_parallel_size > 1:
-        raise ValueError(
-            "load_component does not shard models; tensor_parallel_size > 1 needs a tensor-parallel loader"
-        )
-
-
-def _canonical(model_class: type[Any], source: PreparedWeightSource, name_or_path: str) -> torch.nn.Module:
+def _canonical(
+    model_class: type[Any], source: PreparedWeightSource, name_or_path: str, options: LoadOptions
+) -> torch.nn.Module:
     """Exactly what a diffusers user gets: from_pretrained(torch_dtype=torch.bfloat16), from local files only."""
     model = model_class.from_pretrained(
-        str(source.resolved_root), torch_dtype=torch.bfloat16, use_safetensors=source.use_safetensors
+        str(source.resolved_root),
+        torch_dtype=torch.bfloat16,
+        use_safetensors=source.use_safetensors,
+        variant=options.variant,
+        disable_mmap=options.disable_mmap,
     )
     model.register_to_config(_name_or_path=name_or_path)
     if not isinstance(model, torch.nn.Module):
@@ -456,35 +654,74 @@ def _canonical(model_class: type[Any], source: PreparedWeightSource, name_or_pat
     return model
 
 
+_SKIPPED_LOOKUP = (
+    "this node has never hashed these checkpoint files, so no artifact can exist for them here; the lookup is "
+    "skipped and the background publication hashes them and builds the artifact"
+)
+
+
 def load_component(
     model_or_path: str | os.PathLike[str],
     *,
     subfolder: str | None = None,
     revision: str | None = None,
-    torch_dtype: torch.dtype = torch.bfloat16,
+    variant: str | None = None,
+    torch_dtype: torch.dtype | str = torch.bfloat16,
+    dtype: torch.dtype | str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    use_safetensors: bool | None = None,
+    low_cpu_mem_usage: bool | None = None,
+    local_files_only: bool | None = None,
+    device_map: str | torch.device | Mapping[str, str | torch.device] | None = None,
+    token: str | bool | None = None,
+    output_loading_info: bool = False,
+    disable_mmap: bool = False,
     runtime: HostWeightRuntime | None = None,
     parallel: FinalLayoutParallelIdentity | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
     stream_on_miss: bool | None = None,
     publish_in_background: bool = False,
+    **from_pretrained_kwargs: Any,
 ) -> LoadedComponent:
     """Load a diffusers model component through the node's host weight artifact.
 
     `model_or_path` is a model folder, a pipeline folder with `subfolder`, or a repo id in
-    the local Hugging Face cache (never the network). `runtime=None` reads `HWR_*` from the
-    environment. On a miss the checkpoint is streamed into a new artifact when
-    `stream_on_miss` (default: only in REQUIRED mode); otherwise the model is loaded
-    canonically and published after load. In PREFERRED mode any failure falls back to the
-    canonical load; in REQUIRED mode it raises `HostWeightError`.
+    the local Hugging Face cache (never the network). The other arguments are those of
+    diffusers' `from_pretrained`: `variant` and `use_safetensors` choose the checkpoint files
+    as there (and so the artifact); `torch_dtype`/`dtype` must be BF16 (`torch.bfloat16`,
+    "bfloat16" or "torch.bfloat16"); `device_map` may be None or the CPU; `low_cpu_mem_usage`,
+    `local_files_only`, `token` and `proxies` are accepted and change nothing (nothing is
+    downloaded; the token is never used, kept or logged); anything else is refused with a
+    `HostWeightUsageError` (a ValueError too) naming it.
+
+    `runtime=None` reads `HWR_*` from the environment. On a miss the checkpoint is streamed
+    into a new artifact when `stream_on_miss` (default: only in REQUIRED mode); otherwise the
+    model is loaded canonically and published after load. In PREFERRED mode any failure falls
+    back to the canonical load; in REQUIRED mode it raises `HostWeightError`.
 
     `publish_in_background=True` (PREFERRED, safetensors checkpoints) returns the canonical
     model as soon as it is loaded and builds the artifact from the checkpoint on a thread
-    (`LoadedComponent.background_publication`). When this node has never hashed the
-    checkpoint files, no artifact can exist for them here, so the hashing moves to that
-    thread too and the first worker starts as fast as a plain `from_pretrained`.
+    (`LoadedComponent.background_publication`; the process waits for it at exit). When this
+    node has never hashed the checkpoint files, no artifact can exist for them here, so the
+    lookup is skipped (outcome CANONICAL_FALLBACK, one SKIPPED attempt), the hashing moves to
+    that thread too, and the first worker starts as fast as a plain `from_pretrained`.
     """
+    del token  # accepted so that a pasted call runs; nothing is downloaded, so it is never used, kept or logged
+    clock = _ImportClock()
     started = time.monotonic()
-    _check_arguments(torch_dtype, parallel)
+    options = check_load_arguments(
+        torch_dtype=torch_dtype,
+        dtype=dtype,
+        variant=variant,
+        use_safetensors=use_safetensors,
+        low_cpu_mem_usage=low_cpu_mem_usage,
+        local_files_only=local_files_only,
+        device_map=device_map,
+        output_loading_info=output_loading_info,
+        disable_mmap=disable_mmap,
+        parallel=parallel,
+        extra=from_pretrained_kwargs,
+    )
+    _import_diffusers(clock)
     runtime = runtime if runtime is not None else HostWeightRuntime.from_env()
     _announce(runtime)
     mode = runtime.config.mode
@@ -493,44 +730,69 @@ def load_component(
     name_or_path = str(model_or_path)
     root = None if mode is RuntimeMode.DISABLED else runtime.config.resolved_root
 
-    def canonical_result(source: PreparedWeightSource, model_class: type[Any], **reports: Any) -> LoadedComponent:
-        model = _canonical(model_class, source, name_or_path)
+    def finish(
+        model: torch.nn.Module, load_path: ComponentLoadPath, report: ResolutionReport, **reports: Any
+    ) -> LoadedComponent:
         return LoadedComponent(
-            model, ComponentLoadPath.CANONICAL, elapsed_s=time.monotonic() - started, domain_root=root, **reports
+            model,
+            load_path,
+            elapsed_s=time.monotonic() - started - clock.seconds,
+            import_s=clock.seconds,
+            domain_root=root,
+            resolution=report,
+            **reports,
         )
 
+    def canonical_only(report: ResolutionReport, **reports: Any) -> LoadedComponent:
+        source = _source(model_or_path, subfolder=subfolder, revision=revision, cache_dir=cache_path, options=options)
+        model = _canonical(_model_class(source.resolved_root, clock), source, name_or_path, options)
+        return finish(model, ComponentLoadPath.CANONICAL, report, **reports)
+
     if mode is RuntimeMode.DISABLED:
-        component = _component_name(subfolder)
-        source = prepare_weight_source(
-            model_or_path, subfolder=subfolder, revision=revision, prefix=f"{component}.", cache_dir=cache_path
-        )
-        return canonical_result(source, _model_class(source.resolved_root))
+        return canonical_only(_report_without_lookup(mode, ResolutionOutcome.CANONICAL_DIRECT))
 
     stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
     background = publish_in_background and mode is RuntimeMode.PREFERRED and not stream
+    identify_started = time.monotonic()
     try:
         skeleton = _prepare_skeleton(
-            model_or_path, subfolder=subfolder, revision=revision, parallel=parallel, cache_dir=cache_path
+            model_or_path,
+            subfolder=subfolder,
+            revision=revision,
+            parallel=parallel,
+            cache_dir=cache_path,
+            options=options,
+            clock=clock,
         )
         if background and skeleton.source.use_safetensors and _needs_hashing(skeleton.source, runtime):
-            model = _canonical(skeleton.model_class, skeleton.source, name_or_path)
-            return LoadedComponent(
+            model = _canonical(skeleton.model_class, skeleton.source, name_or_path, options)
+            skipped = ResolutionAttempt(
+                ResolutionStage.LOOKUP, AttemptResult.SKIPPED, AttemptAction.FALL_BACK, 0.0, None, _SKIPPED_LOOKUP
+            )
+            return finish(
                 model,
                 ComponentLoadPath.CANONICAL,
-                elapsed_s=time.monotonic() - started,
-                domain_root=root,
+                _report_without_lookup(mode, ResolutionOutcome.CANONICAL_FALLBACK, skipped),
                 background_publication=BackgroundPublication(lambda: _build_artifact(skeleton, runtime, None)),
             )
         prepared = _identify(skeleton, runtime)
     except HostWeightError as exc:
-        if mode is RuntimeMode.REQUIRED or exc.failure.code is FailureCode.NOT_FOUND:
+        if isinstance(exc, HostWeightUsageError) or mode is RuntimeMode.REQUIRED:
+            raise
+        if exc.failure.code is FailureCode.NOT_FOUND:
             raise
         _LOG.warning("no final-layout identity for %s (%s); loading canonically", name_or_path, exc.failure.message)
-        component = _component_name(subfolder)
-        source = prepare_weight_source(
-            model_or_path, subfolder=subfolder, revision=revision, prefix=f"{component}.", cache_dir=cache_path
+        attempt = ResolutionAttempt(
+            exc.failure.stage,
+            AttemptResult.FAILED,
+            AttemptAction.FALL_BACK,
+            time.monotonic() - identify_started,
+            exc.failure,
+            "the final-layout identity could not be built",
         )
-        return canonical_result(source, _model_class(source.resolved_root), identity_failure=exc.failure)
+        return canonical_only(
+            _report_without_lookup(mode, ResolutionOutcome.CANONICAL_FALLBACK, attempt), identity_failure=exc.failure
+        )
 
     context = prepared.context
     key = context.identity.key
@@ -552,21 +814,13 @@ def load_component(
             )
         else:
             model = prepared.skeleton
-            object.__setattr__(model, "_host_weight_lease", lease)  # the model keeps its lease (and lock) alive
-            return LoadedComponent(
-                model,
-                ComponentLoadPath.ARTIFACT,
-                elapsed_s=time.monotonic() - started,
-                domain_root=root,
-                identity_key=key,
-                resolution=report,
-                lease=lease,
-            )
+            _anchor(model, lease)
+            return finish(model, ComponentLoadPath.ARTIFACT, report, identity_key=key, lease=lease)
     elif resolution.outcome is ResolutionOutcome.FAILED:
         assert report.failure is not None
         raise HostWeightError(report.failure)
 
-    model = _canonical(prepared.model_class, prepared.source, name_or_path)
+    model = _canonical(prepared.model_class, prepared.source, name_or_path, options)
     publication: PostLoadPublicationReport | None = None
     in_background: BackgroundPublication | None = None
     if restore_failure is None and resolution.outcome is ResolutionOutcome.CANONICAL_FALLBACK:
@@ -575,13 +829,11 @@ def load_component(
         else:
             producer_after = FinalLayoutBF16Producer(context, [(prepared.component_name, model)])
             publication = runtime.publish_after_load(context.identity, producer_after)
-    return LoadedComponent(
+    return finish(
         model,
         ComponentLoadPath.CANONICAL,
-        elapsed_s=time.monotonic() - started,
-        domain_root=root,
+        report,
         identity_key=key,
-        resolution=report,
         publication=publication,
         restore_failure=restore_failure,
         background_publication=in_background,
@@ -634,6 +886,7 @@ def prewarm_component(
     *,
     subfolder: str | None = None,
     revision: str | None = None,
+    variant: str | None = None,
     runtime: HostWeightRuntime | None = None,
     parallel: FinalLayoutParallelIdentity | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -641,18 +894,21 @@ def prewarm_component(
 ) -> PrewarmResult:
     """Build (or find) the artifact straight from the checkpoint, without loading the model.
 
-    Runs in REQUIRED mode with local builds allowed whatever the environment says, so a
-    failure raises `HostWeightError` instead of being hidden by a fallback.
+    `variant` picks the checkpoint files as in `load_component` (and so the artifact a later
+    `load_component(..., variant=...)` hits). Runs in REQUIRED mode with local builds allowed
+    whatever the environment says, so a failure raises `HostWeightError` instead of being
+    hidden by a fallback; a bad argument or model folder raises `HostWeightUsageError`.
     """
-    _check_arguments(torch.bfloat16, parallel)
+    options = LoadOptions(variant=check_variant(variant))
+    check_parallel(parallel)
     required = _required(runtime if runtime is not None else HostWeightRuntime.from_env())
     _announce(required)
-    prepared = _prepare(
+    skeleton = _prepare_skeleton(
         model_or_path,
         subfolder=subfolder,
         revision=revision,
-        runtime=required,
         parallel=parallel if parallel is not None else FinalLayoutParallelIdentity(),
         cache_dir=Path(cache_dir) if cache_dir is not None else None,
+        options=options,
     )
-    return _build_artifact(prepared, required, progress)
+    return _build_artifact(_identify(skeleton, required), required, progress)

@@ -38,7 +38,11 @@ def is_diffusers_model(model_type: type[object]) -> bool:
 
 
 def _require_ready(model: torch.nn.Module, keep_in_fp32_modules: tuple[str, ...]) -> None:
-    """Every tensor is materialized on the host; floating parameters follow the BF16 policy; eval mode."""
+    """Every tensor is materialized on the host; floating parameters follow the BF16 policy; eval mode.
+
+    `requires_grad` is left as diffusers gives it: a lease maps private copy-on-write, so not
+    even a write to a parameter can reach the artifact.
+    """
     if model.training:
         raise ModelNotReadyError(f"{type(model).__name__} is in training mode; a restored model serves in eval mode")
     for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
@@ -50,8 +54,6 @@ def _require_ready(model: torch.nn.Module, keep_in_fp32_modules: tuple[str, ...]
         expected = torch.float32 if keeps_fp32(name, keep_in_fp32_modules) else torch.bfloat16
         if parameter.dtype != expected:
             raise ModelNotReadyError(f"{name} is {parameter.dtype}; the BF16 policy requires {expected}")
-        if parameter.requires_grad:
-            raise ModelNotReadyError(f"{name} requires grad; restored final-layout weights are inference-only")
 
 
 def _require_modules(*names: str) -> Callable[[torch.nn.Module], None]:

@@ -2,7 +2,8 @@
 
 `plan_restore` checks identity, coverage, shapes, dtypes and roles and touches nothing;
 the plan's one-shot `commit` binds every parameter and persistent buffer to the lease's
-tensors without copying. A model whose commit failed must be discarded.
+tensors without copying, keeping each parameter's `requires_grad`. A model whose commit
+failed must be discarded.
 """
 
 from __future__ import annotations
@@ -99,7 +100,14 @@ class FinalLayoutTensorRestorePlan:
         self._context.ensure_sources_unchanged()
         for binding in self._bindings:
             if binding.kind is TensorKind.PARAMETER:
-                binding.module._parameters[binding.attribute] = torch.nn.Parameter(binding.tensor, requires_grad=False)
+                # Each parameter keeps the model's requires_grad (diffusers gives True), so a restored model
+                # behaves as a canonical one; a lease maps private copy-on-write, so even a write (an optimizer
+                # step) changes only this process's pages, never the artifact.
+                previous = binding.module._parameters.get(binding.attribute)
+                requires_grad = True if previous is None else previous.requires_grad
+                binding.module._parameters[binding.attribute] = torch.nn.Parameter(
+                    binding.tensor, requires_grad=requires_grad
+                )
             else:
                 binding.module._buffers[binding.attribute] = binding.tensor
         for (_name, module), contract in zip(self._dit_modules, self._context.model_contracts, strict=True):

@@ -72,8 +72,13 @@ def prepare_weight_source(
     revision: str | None = None,
     prefix: str = "",
     cache_dir: Path | None = None,
+    variant: str | None = None,
+    use_safetensors: bool | None = None,
 ) -> PreparedWeightSource:
-    """Select the checkpoint files a diffusers load of this folder or cached hub repo would read."""
+    """Select the checkpoint files a diffusers load of this folder or cached hub repo would read.
+
+    `variant` and `use_safetensors` choose among them as in diffusers' `from_pretrained`.
+    """
     text = os.fspath(model_or_path)
     if type(text) is not str or not text:
         raise ValueError(f"model_or_path must be a non-empty folder path or 'org/name', got {model_or_path!r}")
@@ -88,9 +93,9 @@ def prepare_weight_source(
         if not (root / "config.json").is_file():
             hint = "" if subfolder else "; for a pipeline folder pass the component, e.g. subfolder='transformer'"
             raise ValueError(f"{root} has no config.json, so it is not a diffusers model folder{hint}")
-        files, use_safetensors = select_weight_files(root)
+        files, safe = select_weight_files(root, variant, use_safetensors)
         return PreparedWeightSource(
-            text, revision, root, normal_subfolder, prefix, files, use_safetensors, WeightSourceKind.LOCAL_PATH
+            text, revision, root, normal_subfolder, prefix, files, safe, WeightSourceKind.LOCAL_PATH
         )
     if not _REPO_ID.fullmatch(text) or "--" in text or ".." in text:
         raise raise_failure(
@@ -106,9 +111,9 @@ def prepare_weight_source(
     if not (root / "config.json").is_file():
         raise not_cached(text, wanted, root, "the snapshot has no config.json there (a partial download?)")
     try:
-        files, use_safetensors = select_weight_files(root)
+        files, safe = select_weight_files(root, variant, use_safetensors)
     except ValueError as exc:
         raise not_cached(text, wanted, root, str(exc)) from exc
     return PreparedWeightSource(
-        text, revision, root, normal_subfolder, prefix, files, use_safetensors, WeightSourceKind.HUGGING_FACE_HUB
+        text, revision, root, normal_subfolder, prefix, files, safe, WeightSourceKind.HUGGING_FACE_HUB
     )
