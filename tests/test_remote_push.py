@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from host_weight_runtime import FailureCode, HostWeightError, ResolutionStage, StoreStatus
+from host_weight_runtime.failures import HostWeightFailure
 from host_weight_runtime.identity import WeightArtifactIdentity
 from host_weight_runtime.manifest import MANIFEST_FILE_NAME
 from host_weight_runtime.remote import (
     DESCRIPTOR_FILE_NAME,
     FsspecArtifactProvider,
+    PushResult,
     PushStatus,
     RemoteArtifactState,
     RemoteDescriptorRecord,
@@ -23,6 +25,7 @@ from host_weight_runtime.remote import (
     list_remote,
     providers_from_urls,
     push_artifact,
+    push_in_background,
 )
 
 from .remote_support import (
@@ -245,3 +248,30 @@ def test_descriptor_identity_must_be_exact(tmp_path: Path, node_a: Node) -> None
     with pytest.raises(HostWeightError) as refused:
         FsspecArtifactProvider(f"file://{folder}").probe(other)
     assert refused.value.code is FailureCode.REMOTE_FAILED and not refused.value.retryable
+
+
+def test_background_push_reports_its_result_or_failure(remote: Remote, node_a: Node) -> None:
+    """E08: HWR_REMOTE_PUBLISH pushes off the request path and reports a typed outcome instead of raising."""
+    outcomes: list[PushResult | HostWeightFailure] = []
+    missing = push_in_background(
+        node_a.store, make_identity(), remote.push_url, storage_options=remote.push_options, report=outcomes.append
+    )
+    missing.join(60)
+    identity = node_a.build()
+    pushed = push_in_background(
+        node_a.store, identity, remote.push_url, storage_options=remote.push_options, report=outcomes.append
+    )
+    pushed.join(60)
+    assert not missing.is_alive() and not pushed.is_alive()
+    failed, done = outcomes
+    assert isinstance(failed, HostWeightFailure) and failed.code is FailureCode.NOT_FOUND
+    assert isinstance(done, PushResult) and done.status is PushStatus.UPLOADED
+    assert listed(remote) == {identity.key: RemoteArtifactState.COMPLETE}
+
+
+def test_an_unknown_backend_is_a_configuration_failure() -> None:
+    """E05: a URL whose fsspec backend is unknown (or not installed) fails typed at CONFIGURATION."""
+    with pytest.raises(HostWeightError) as refused:
+        FsspecArtifactProvider("nosuchscheme://bucket/fleet")
+    assert refused.value.code is FailureCode.INVALID_CONFIGURATION
+    assert refused.value.failure.stage is ResolutionStage.CONFIGURATION

@@ -41,6 +41,7 @@ from .push import (
     RemoteArtifactState,
     list_remote,
     push_artifact,
+    push_in_background,
 )
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "list_remote",
     "providers_from_urls",
     "push_artifact",
+    "push_in_background",
     "storage_options_for",
     "verify_imported",
 ]

@@ -48,7 +48,7 @@ __all__ = [
     "FsspecArtifactProvider",
 ]
 
-DEFAULT_CHUNK_BYTES = 16 << 20
+DEFAULT_CHUNK_BYTES = 32 << 20
 DEFAULT_MAX_CONCURRENCY = 4
 
 
@@ -390,10 +390,8 @@ class FsspecArtifactProvider:
         staging = isinstance(file_writer, StagingTensorFileWriter)
         hashers: dict[str, TreeHasher] = {}
         relative = f"{key}/{file.name}"
-        for window_range, data in self._stream(relative, _plan_ranges(file, tensors, self._chunk_bytes), pool):
+        for window_range, buffer in self._stream(relative, _plan_ranges(file, tensors, self._chunk_bytes), pool):
             fault_point("remote.fetch.chunk")
-            buffer = bytearray(data)
-            del data
             for write in window_range.writes:
                 tensor = _tensor_from(buffer, write)
                 if write.start_row is None:
@@ -409,13 +407,19 @@ class FsspecArtifactProvider:
         else:
             self._compare_hashed(key, file, tensors, hashers, file_writer)
 
-    def _stream(self, relative: str, ranges: list[_Range], pool: ThreadPoolExecutor) -> Iterator[tuple[_Range, bytes]]:
+    def _read_range(self, relative: str, item: _Range) -> bytearray:
+        """One ranged read, copied into a writable buffer on the reading thread (tensors may view it)."""
+        return bytearray(self._location.read(relative, item.start, item.end))
+
+    def _stream(
+        self, relative: str, ranges: list[_Range], pool: ThreadPoolExecutor
+    ) -> Iterator[tuple[_Range, bytearray]]:
         """Yield each range's bytes in order, keeping up to `max_concurrency` reads in flight."""
-        window: collections.deque[tuple[_Range, Future[bytes]]] = collections.deque()
+        window: collections.deque[tuple[_Range, Future[bytearray]]] = collections.deque()
         upcoming = iter(ranges)
         try:
             for item in upcoming:
-                window.append((item, pool.submit(self._location.read, relative, item.start, item.end)))
+                window.append((item, pool.submit(self._read_range, relative, item)))
                 if len(window) >= self._concurrency:
                     break
             while window:
@@ -433,7 +437,7 @@ class FsspecArtifactProvider:
                     )
                 following = next(upcoming, None)
                 if following is not None:
-                    read = pool.submit(self._location.read, relative, following.start, following.end)
+                    read = pool.submit(self._read_range, relative, following)
                     window.append((following, read))
                 yield item, data
         finally:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import enum
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
     "RemoteArtifactState",
     "list_remote",
     "push_artifact",
+    "push_in_background",
 ]
 
 _KEY_LENGTH = 64
@@ -238,6 +240,45 @@ def push_artifact(
         record.content_sha256,
         time.monotonic() - started,
     )
+
+
+def push_in_background(
+    store: FilesystemHostWeightStore,
+    identity: WeightArtifactIdentity,
+    url: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    report: Callable[[PushResult | HostWeightFailure], None] | None = None,
+) -> threading.Thread:
+    """Push off the request path (HWR_REMOTE_PUBLISH): a daemon thread that reports a result or a failure.
+
+    The thread never raises: a typed failure (or an unexpected error, typed here) goes
+    to `report`. If the process exits first, the upload stops before its descriptor, so
+    the remote offers nothing from it and the next push completes it.
+    """
+
+    def run() -> None:
+        outcome: PushResult | HostWeightFailure
+        try:
+            outcome = push_artifact(store, identity, url, storage_options=storage_options, timeout_s=timeout_s)
+        except HostWeightError as exc:
+            outcome = exc.failure
+        except Exception as exc:
+            outcome = failure(
+                ResolutionStage.REMOTE,
+                FailureCode.REMOTE_FAILED,
+                f"pushing {identity.key[:16]}... failed with {type(exc).__name__}; push it again with hwr push",
+                retryable=True,
+                key=identity.key,
+                exception=type(exc).__name__,
+            )
+        if report is not None:
+            report(outcome)
+
+    thread = threading.Thread(target=run, name=f"hwr-push-{identity.key[:12]}", daemon=True)
+    thread.start()
+    return thread
 
 
 def _existing(reader: FsspecArtifactProvider, key: str) -> RemoteDescriptorRecord | None:
