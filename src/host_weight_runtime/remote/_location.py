@@ -147,9 +147,10 @@ class RemoteLocation:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self._timeout_s = float(timeout_s)
         scheme = urlsplit(url.strip()).scheme.lower()
-        options = _with_timeouts(scheme, dict(storage_options or {}), self._timeout_s)
         try:
             import fsspec.core
+
+            options = _with_timeouts(scheme, dict(storage_options or {}), self._timeout_s)
         except ImportError:
             raise _config_error(
                 "fsspec is not installed; install the remote extra: pip install 'host-weight-runtime[remote]'",

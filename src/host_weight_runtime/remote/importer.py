@@ -159,17 +159,16 @@ def verify_imported(
         return None
     key = descriptor.identity.key
     lease.close()
-    removed = "not removed: the store has no cleanup"
+    local_copy = "kept: the store offers no cleanup"
     if isinstance(store, FilesystemHostWeightStore):
         cleanup = store.cleanup(key)
-        removed = cleanup.status.value if cleanup.status is not CleanupStatus.REMOVED else "removed"
+        local_copy = "removed" if cleanup.status is CleanupStatus.REMOVED else f"kept: {cleanup.status.value}"
     return failure(
         ResolutionStage.REMOTE,
         FailureCode.REMOTE_FAILED,
-        f"the artifact imported from {descriptor.provider_id} does not match its descriptor's digests; the local "
-        f"copy was {removed if removed == 'removed' else 'left in place (' + removed + ')'}. Push it again from a "
-        "verified node",
+        f"the artifact imported from {descriptor.provider_id} does not match its descriptor's digests (local copy "
+        f"{local_copy}); push it again from a verified node",
         provider_id=descriptor.provider_id,
         key=key,
-        local_copy=removed,
+        local_copy=local_copy,
     )

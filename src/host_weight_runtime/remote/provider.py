@@ -16,8 +16,9 @@ being written (a single row longer than `chunk_bytes` is read whole).
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -390,17 +391,19 @@ class FsspecArtifactProvider:
         staging = isinstance(file_writer, StagingTensorFileWriter)
         hashers: dict[str, TreeHasher] = {}
         relative = f"{key}/{file.name}"
-        for window_range, buffer in self._stream(relative, _plan_ranges(file, tensors, self._chunk_bytes), pool):
-            fault_point("remote.fetch.chunk")
-            for write in window_range.writes:
-                tensor = _tensor_from(buffer, write)
-                if write.start_row is None:
-                    file_writer.write_tensor(write.spec.name, tensor)
-                else:
-                    file_writer.write_rows(write.spec.name, write.start_row, tensor)
-                if not staging:
-                    hasher = hashers.setdefault(write.spec.name, TreeHasher(digest_chunk_bytes))
-                    hasher.update(memoryview(buffer)[write.offset : write.offset + write.nbytes])
+        ranges = self._stream(relative, _plan_ranges(file, tensors, self._chunk_bytes), pool)
+        with contextlib.closing(ranges):  # no read outlives a failed write
+            for window_range, buffer in ranges:
+                fault_point("remote.fetch.chunk")
+                for write in window_range.writes:
+                    tensor = _tensor_from(buffer, write)
+                    if write.start_row is None:
+                        file_writer.write_tensor(write.spec.name, tensor)
+                    else:
+                        file_writer.write_rows(write.spec.name, write.start_row, tensor)
+                    if not staging:
+                        hasher = hashers.setdefault(write.spec.name, TreeHasher(digest_chunk_bytes))
+                        hasher.update(memoryview(buffer)[write.offset : write.offset + write.nbytes])
         file_writer.close()
         if staging:
             self._compare_written(key, file, tensors, file_writer)
@@ -413,7 +416,7 @@ class FsspecArtifactProvider:
 
     def _stream(
         self, relative: str, ranges: list[_Range], pool: ThreadPoolExecutor
-    ) -> Iterator[tuple[_Range, bytearray]]:
+    ) -> Generator[tuple[_Range, bytearray], None, None]:
         """Yield each range's bytes in order, keeping up to `max_concurrency` reads in flight."""
         window: collections.deque[tuple[_Range, Future[bytearray]]] = collections.deque()
         upcoming = iter(ranges)
