@@ -12,7 +12,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[test,lint,diffusion,bench]"
+	$(BIN)/python -m pip install --quiet -e ".[test,lint,diffusion,bench,remote]"
 	touch $(STAMP)
 
 test: setup

@@ -1,0 +1,509 @@
+"""FsspecArtifactProvider: exact artifacts from any fsspec URL, streamed into the store's own writer.
+
+`probe` reads a key's DESCRIPTOR.json (absent: None; bad: a typed failure) and checks
+that the identity it names is exactly the one asked for and that every object it
+promises is present with its exact size. `fetch` reads manifest.json (its SHA-256 must
+be the descriptor's), declares each payload file to the writer with the remote layout,
+and streams the tensor bytes in bounded ranges, several in flight, into the writer in
+order. The writer hashes every byte as it lands; before `fetch` returns, each tensor
+digest and each file digest must equal the remote manifest's, so a wrong byte fails the
+build and nothing is ever published from it.
+
+Memory: at most `max_concurrency` ranges of about `chunk_bytes` are in flight plus one
+being written (a single row longer than `chunk_bytes` is read whole).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+from collections.abc import Generator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._digest import DIGEST_ALGORITHM, TreeHasher
+from .._faults import fault_point
+from ..canonical_json import JsonValue
+from ..failures import HostWeightError
+from ..filesystem.writer import StagingTensorFileWriter
+from ..identity import WeightArtifactIdentity
+from ..manifest import MANIFEST_FILE_NAME, FileManifestEntry, TensorManifestEntry, WeightManifest
+from ..protocols import (
+    ArtifactWriter,
+    ProductionMetadata,
+    RemoteArtifactDescriptor,
+    TensorFileWriter,
+    TensorWriteSpec,
+)
+from ..tensors import dtype_from_code, dtype_itemsize
+from ._descriptor import DESCRIPTOR_FILE_NAME, MAX_DESCRIPTOR_BYTES, MAX_MANIFEST_BYTES, RemoteDescriptorRecord
+from ._location import DEFAULT_TIMEOUT_S, RemoteLocation, remote_failed
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_MAX_CONCURRENCY",
+    "FsspecArtifactProvider",
+]
+
+DEFAULT_CHUNK_BYTES = 32 << 20
+DEFAULT_MAX_CONCURRENCY = 4
+
+
+# --------------------------------------------------------------------------- read plan
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """One writer call: rows [start_row, start_row + rows) of a tensor, at `offset` inside its range."""
+
+    spec: TensorWriteSpec
+    entry: TensorManifestEntry
+    start_row: int | None  # None: write_tensor (0-dim or empty tensors)
+    rows: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Range:
+    """One ranged read [start, end) of a payload object and the writes it feeds."""
+
+    start: int
+    end: int
+    writes: tuple[_Write, ...]
+
+
+def _plan_ranges(file: FileManifestEntry, tensors: tuple[TensorManifestEntry, ...], chunk_bytes: int) -> list[_Range]:
+    """Split a file's data section into reads of about `chunk_bytes`, each ending on a row boundary."""
+    ranges: list[_Range] = []
+    pending: list[_Write] = []
+    range_start = file.header_size
+    position = file.header_size
+
+    def flush() -> None:
+        nonlocal pending, range_start
+        if pending:
+            ranges.append(_Range(range_start, position, tuple(pending)))
+        pending = []
+        range_start = position
+
+    for entry in tensors:
+        spec = _spec_of(entry)
+        if not entry.shape or entry.nbytes == 0:
+            if position - range_start + entry.nbytes > chunk_bytes:
+                flush()
+            pending.append(_Write(spec, entry, None, 0, position - range_start, entry.nbytes))
+            position += entry.nbytes
+            continue
+        rows_total = entry.shape[0]
+        row_bytes = entry.nbytes // rows_total
+        row = 0
+        while row < rows_total:
+            room = chunk_bytes - (position - range_start)
+            if room < row_bytes and pending:
+                flush()
+                room = chunk_bytes
+            rows = min(rows_total - row, max(1, room // row_bytes))
+            nbytes = rows * row_bytes
+            pending.append(_Write(spec, entry, row, rows, position - range_start, nbytes))
+            position += nbytes
+            row += rows
+    flush()
+    return ranges
+
+
+def _spec_of(entry: TensorManifestEntry) -> TensorWriteSpec:
+    return TensorWriteSpec(
+        name=entry.name, shape=entry.shape, dtype=dtype_from_code(entry.dtype), kind=entry.kind, role=entry.role
+    )
+
+
+def _tensor_from(buffer: bytearray, write: _Write) -> torch.Tensor:
+    """A tensor viewing `write`'s bytes inside `buffer` (no copy); written before the buffer is dropped."""
+    dtype = write.spec.dtype
+    if write.nbytes == 0:
+        return torch.empty(write.spec.shape, dtype=dtype)
+    count = write.nbytes // dtype_itemsize(dtype)
+    flat = torch.frombuffer(buffer, dtype=dtype, count=count, offset=write.offset)
+    shape = write.spec.shape if write.start_row is None else (write.rows, *write.spec.shape[1:])
+    return flat.reshape(shape)
+
+
+# --------------------------------------------------------------------------- provider
+
+
+class FsspecArtifactProvider:
+    """A `RemoteArtifactProvider` over one fsspec URL (s3://, gs://, file://, http(s):// read-only).
+
+    Credentials come from the backend's own conventions (AWS_* variables, profiles) or
+    `storage_options`; neither the options nor anything secret ever reaches a message,
+    a failure's details or the descriptor. `timeout_s` bounds each network request (one
+    metadata call or one ranged read of about `chunk_bytes`) on asynchronous backends.
+    """
+
+    __slots__ = ("_chunk_bytes", "_concurrency", "_location", "_provider_id")
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        provider_id: str | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+    ) -> None:
+        if type(chunk_bytes) is not int or chunk_bytes < 4096:
+            raise ValueError(f"chunk_bytes must be an int of at least 4096, got {chunk_bytes!r}")
+        if type(max_concurrency) is not int or max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be a positive int, got {max_concurrency!r}")
+        if provider_id is not None and (type(provider_id) is not str or not provider_id):
+            raise ValueError("provider_id must be a non-empty string or None")
+        self._location = RemoteLocation(url, storage_options=storage_options, timeout_s=timeout_s)
+        self._provider_id = provider_id or self._location.name
+        self._chunk_bytes = chunk_bytes
+        self._concurrency = max_concurrency
+
+    @property
+    def provider_id(self) -> str:
+        """A secret-free name: the URL without user info or query, unless given explicitly."""
+        return self._provider_id
+
+    @property
+    def location(self) -> RemoteLocation:
+        return self._location
+
+    def __repr__(self) -> str:
+        return f"FsspecArtifactProvider({self._provider_id!r})"
+
+    # -- probe
+
+    def probe(self, identity: WeightArtifactIdentity) -> RemoteArtifactDescriptor | None:
+        """The descriptor of `identity`'s artifact, None when the remote has none; raise typed when it is bad."""
+        key = identity.key
+        read = self.read_descriptor(key)
+        if read is None:
+            return None
+        record, listing = read
+        if record.identity != identity or record.identity.to_dict() != identity.to_dict():
+            raise self._content_failure(
+                key,
+                "its descriptor names another identity than the one requested; the remote folder was written for a "
+                "different artifact: remove it and push again",
+            )
+        self.check_objects(key, record, listing)
+        return RemoteArtifactDescriptor(
+            provider_id=self._provider_id,
+            identity=identity,
+            manifest_sha256=record.manifest_sha256,
+            content_sha256=record.content_sha256,
+        )
+
+    def read_descriptor(self, key: str) -> tuple[RemoteDescriptorRecord, dict[str, int] | None] | None:
+        """The parsed descriptor of `key` and, on listable backends, the folder's objects with sizes."""
+        listing: dict[str, int] | None = None
+        if self._location.listable:
+            objects = self._location.list_folder(key)
+            if objects is None:
+                return None
+            listing = {item.name: (-2 if item.is_dir else item.size) for item in objects}
+            size = listing.get(DESCRIPTOR_FILE_NAME)
+        else:
+            size = self._location.size_of(f"{key}/{DESCRIPTOR_FILE_NAME}")
+        if size is None:
+            return None  # no descriptor: nothing uploaded, or an upload still running or dead
+        if not 0 < size <= MAX_DESCRIPTOR_BYTES:
+            raise self._content_failure(
+                key, f"its descriptor is {size} bytes; a descriptor holds 1..{MAX_DESCRIPTOR_BYTES} bytes"
+            )
+        data = self._location.read(f"{key}/{DESCRIPTOR_FILE_NAME}")
+        if len(data) != size:
+            raise remote_failed(
+                f"the descriptor of {key[:16]}... at {self._provider_id} changed size while it was read; retry",
+                retryable=True,
+                provider_id=self._provider_id,
+                key=key,
+            )
+        try:
+            record = RemoteDescriptorRecord.from_bytes(data)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise self._content_failure(key, f"its descriptor is invalid: {exc}") from None
+        if record.identity_key != key:
+            raise self._content_failure(key, "its descriptor belongs to another key (identity_key differs)")
+        return record, listing
+
+    def check_objects(self, key: str, record: RemoteDescriptorRecord, listing: dict[str, int] | None) -> None:
+        """Raise typed unless every promised object is there with its exact size (and, if listable, nothing else)."""
+        expected = record.expected_objects()
+        if listing is not None:
+            found = {name: size for name, size in listing.items() if name != DESCRIPTOR_FILE_NAME}
+            extra = sorted(set(found) - set(expected))
+            if extra:
+                raise self._content_failure(
+                    key,
+                    f"its folder holds {len(extra)} object(s) the descriptor does not list (first: {extra[0]}); "
+                    "remove the folder and push again",
+                    extra=list(extra[:16]),
+                )
+        else:
+            found = {}
+            for name in expected:
+                size = self._location.size_of(f"{key}/{name}")
+                if size is not None:
+                    found[name] = size
+        missing = sorted(set(expected) - set(found))
+        if missing:
+            raise self._content_failure(
+                key,
+                f"{len(missing)} object(s) the descriptor lists are missing (first: {missing[0]}): the upload is "
+                "incomplete or was partly deleted; push the artifact again",
+                missing=list(missing[:16]),
+            )
+        for name, size in sorted(expected.items()):
+            if found[name] != size:
+                raise self._content_failure(
+                    key,
+                    f"{name} is {found[name]} bytes but the descriptor says {size} (truncated or replaced); "
+                    "push the artifact again",
+                    object=name,
+                    size=found[name],
+                    expected_size=size,
+                )
+
+    # -- fetch
+
+    def fetch(self, descriptor: RemoteArtifactDescriptor, writer: ArtifactWriter) -> ProductionMetadata:
+        """Stream the artifact into `writer`; raise typed REMOTE_FAILED unless every byte matches the manifest."""
+        key = descriptor.identity.key
+        fault_point("remote.fetch.start")
+        read = self.read_descriptor(key)
+        if read is None:
+            raise remote_failed(
+                f"the descriptor of {key[:16]}... disappeared from {self._provider_id} after the probe; retry",
+                retryable=True,
+                provider_id=self._provider_id,
+                key=key,
+            )
+        record, listing = read
+        if (record.manifest_sha256, record.content_sha256) != (descriptor.manifest_sha256, descriptor.content_sha256):
+            raise remote_failed(
+                f"the artifact {key[:16]}... at {self._provider_id} was replaced after the probe; retry",
+                retryable=True,
+                provider_id=self._provider_id,
+                key=key,
+            )
+        self.check_objects(key, record, listing)
+        manifest = self._read_manifest(key, record, descriptor)
+        writer_chunk = getattr(writer, "chunk_bytes", None)
+        if type(writer_chunk) is int and writer_chunk != manifest.digest_chunk_bytes:
+            raise self._content_failure(
+                key,
+                f"it was hashed in {manifest.digest_chunk_bytes}-byte chunks but this store hashes in "
+                f"{writer_chunk}-byte chunks, so its digests cannot be reproduced here",
+            )
+        by_file = self._layout_by_file(key, manifest)
+        with ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix="hwr-remote") as pool:
+            for file in manifest.files:
+                self._fetch_file(
+                    key, file, by_file[file.name], writer, pool=pool, digest_chunk_bytes=manifest.digest_chunk_bytes
+                )
+        return ProductionMetadata(
+            producer_schema=manifest.producer_schema,
+            restorer_schema=manifest.restorer_schema,
+            format_metadata=manifest.format_metadata,
+        )
+
+    def _read_manifest(
+        self, key: str, record: RemoteDescriptorRecord, descriptor: RemoteArtifactDescriptor
+    ) -> WeightManifest:
+        data = self._location.read(f"{key}/{MANIFEST_FILE_NAME}")
+        if len(data) != record.manifest_size or len(data) > MAX_MANIFEST_BYTES:
+            raise self._content_failure(
+                key, f"manifest.json is {len(data)} bytes but the descriptor says {record.manifest_size}"
+            )
+        if hashlib.sha256(data).hexdigest() != descriptor.manifest_sha256:
+            raise self._content_failure(
+                key, "manifest.json does not hash to the descriptor's manifest_sha256 (corrupt or replaced)"
+            )
+        try:
+            manifest = WeightManifest.from_bytes(data)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise self._content_failure(key, f"its manifest is invalid: {exc}") from None
+        if manifest.identity != descriptor.identity:
+            raise self._content_failure(key, "its manifest is for another identity than the one requested")
+        if manifest.content_digest != descriptor.content_sha256:
+            raise self._content_failure(key, "its manifest's content digest differs from the descriptor's")
+        if manifest.digest_algorithm != DIGEST_ALGORITHM:
+            raise self._content_failure(
+                key, f"its manifest uses digest {manifest.digest_algorithm!r}; this version reads {DIGEST_ALGORITHM!r}"
+            )
+        promised = tuple((item.name, item.size) for item in record.files)
+        if tuple((entry.name, entry.size) for entry in manifest.files) != promised:
+            raise self._content_failure(key, "the manifest's files and sizes differ from the descriptor's")
+        return manifest
+
+    def _layout_by_file(self, key: str, manifest: WeightManifest) -> dict[str, tuple[TensorManifestEntry, ...]]:
+        """Each file's tensors in offset order, refused unless this store's writer would lay them out the same."""
+        by_file: dict[str, list[TensorManifestEntry]] = {entry.name: [] for entry in manifest.files}
+        for tensor in manifest.tensors:
+            by_file[tensor.file].append(tensor)
+        result: dict[str, tuple[TensorManifestEntry, ...]] = {}
+        order: list[str] = []
+        for entry in manifest.files:
+            tensors = tuple(sorted(by_file[entry.name], key=lambda t: (t.data_offsets[0], t.data_offsets[1])))
+            position = 0
+            previous_itemsize: int | None = None
+            for tensor in tensors:
+                itemsize = dtype_itemsize(dtype_from_code(tensor.dtype))
+                shrinking = previous_itemsize is None or itemsize <= previous_itemsize
+                if tensor.data_offsets[0] != position or not shrinking:
+                    raise self._content_failure(
+                        key,
+                        f"{entry.name} is not laid out as this store writes files (tensor {tensor.name}); it was "
+                        "not produced by host-weight-runtime",
+                    )
+                position = tensor.data_offsets[1]
+                previous_itemsize = itemsize
+            if entry.header_size + position != entry.size or entry.tensors != tuple(t.name for t in tensors):
+                raise self._content_failure(key, f"{entry.name}: its manifest entry does not match its tensors")
+            order.extend(t.name for t in tensors)
+            result[entry.name] = tensors
+        if order != [tensor.name for tensor in manifest.tensors]:
+            raise self._content_failure(key, "its manifest lists tensors out of file and offset order")
+        return result
+
+    def _fetch_file(
+        self,
+        key: str,
+        file: FileManifestEntry,
+        tensors: tuple[TensorManifestEntry, ...],
+        writer: ArtifactWriter,
+        *,
+        pool: ThreadPoolExecutor,
+        digest_chunk_bytes: int,
+    ) -> None:
+        specs = tuple(_spec_of(entry) for entry in tensors)
+        file_writer = writer.open_tensor_file(file.name, specs, ordered=True)
+        staging = isinstance(file_writer, StagingTensorFileWriter)
+        hashers: dict[str, TreeHasher] = {}
+        relative = f"{key}/{file.name}"
+        ranges = self._stream(relative, _plan_ranges(file, tensors, self._chunk_bytes), pool)
+        with contextlib.closing(ranges):  # no read outlives a failed write
+            for window_range, buffer in ranges:
+                fault_point("remote.fetch.chunk")
+                for write in window_range.writes:
+                    tensor = _tensor_from(buffer, write)
+                    if write.start_row is None:
+                        file_writer.write_tensor(write.spec.name, tensor)
+                    else:
+                        file_writer.write_rows(write.spec.name, write.start_row, tensor)
+                    if not staging:
+                        hasher = hashers.setdefault(write.spec.name, TreeHasher(digest_chunk_bytes))
+                        hasher.update(memoryview(buffer)[write.offset : write.offset + write.nbytes])
+        file_writer.close()
+        if staging:
+            self._compare_written(key, file, tensors, file_writer)
+        else:
+            self._compare_hashed(key, file, tensors, hashers, file_writer)
+
+    def _read_range(self, relative: str, item: _Range) -> bytearray:
+        """One ranged read, copied into a writable buffer on the reading thread (tensors may view it)."""
+        return bytearray(self._location.read(relative, item.start, item.end))
+
+    def _stream(
+        self, relative: str, ranges: list[_Range], pool: ThreadPoolExecutor
+    ) -> Generator[tuple[_Range, bytearray], None, None]:
+        """Yield each range's bytes in order, keeping up to `max_concurrency` reads in flight."""
+        window: collections.deque[tuple[_Range, Future[bytearray]]] = collections.deque()
+        upcoming = iter(ranges)
+        try:
+            for item in upcoming:
+                window.append((item, pool.submit(self._read_range, relative, item)))
+                if len(window) >= self._concurrency:
+                    break
+            while window:
+                item, future = window.popleft()
+                data = future.result()
+                if len(data) != item.end - item.start:
+                    raise remote_failed(
+                        f"{relative} at {self._provider_id} returned {len(data)} bytes for a read of "
+                        f"{item.end - item.start} at offset {item.start}: the object is truncated or the server "
+                        "ignores ranges",
+                        retryable=False,
+                        provider_id=self._provider_id,
+                        object=relative,
+                        offset=item.start,
+                    )
+                following = next(upcoming, None)
+                if following is not None:
+                    read = pool.submit(self._read_range, relative, following)
+                    window.append((following, read))
+                yield item, data
+        finally:
+            for _, future in window:
+                future.cancel()
+            for _, future in window:
+                if not future.cancelled():
+                    future.exception()  # wait, so no read outlives the fetch
+
+    def _compare_written(
+        self,
+        key: str,
+        file: FileManifestEntry,
+        tensors: tuple[TensorManifestEntry, ...],
+        file_writer: TensorFileWriter,
+    ) -> None:
+        assert isinstance(file_writer, StagingTensorFileWriter)
+        written = file_writer.result
+        if written is None:  # pragma: no cover - close() raised otherwise
+            raise self._content_failure(key, f"{file.name} was not completed by the writer")
+        local = {entry.name: entry.digest for entry in written.tensors}
+        for tensor in tensors:
+            if local.get(tensor.name) != tensor.digest:
+                raise self._content_failure(
+                    key,
+                    f"tensor {tensor.name} in {file.name} hashes differently from the remote manifest: the object "
+                    "is corrupt or was tampered with; push the artifact again from a verified node",
+                    object=file.name,
+                    tensor=tensor.name,
+                )
+        if (written.size, written.header_size, written.digest) != (file.size, file.header_size, file.digest):
+            raise self._content_failure(
+                key,
+                f"{file.name}: its header differs from what this store writes for the same tensors",
+                object=file.name,
+            )
+
+    def _compare_hashed(
+        self,
+        key: str,
+        file: FileManifestEntry,
+        tensors: tuple[TensorManifestEntry, ...],
+        hashers: dict[str, TreeHasher],
+        file_writer: TensorFileWriter,
+    ) -> None:
+        """For a writer that reports no digests: compare the digests computed on the way in."""
+        del file_writer
+        for tensor in tensors:
+            if hashers[tensor.name].hexdigest() != tensor.digest:
+                raise self._content_failure(
+                    key,
+                    f"tensor {tensor.name} in {file.name} hashes differently from the remote manifest: the object "
+                    "is corrupt or was tampered with; push the artifact again from a verified node",
+                    object=file.name,
+                    tensor=tensor.name,
+                )
+
+    def _content_failure(self, key: str, problem: str, **details: JsonValue) -> HostWeightError:
+        """A bad artifact on the remote: not retryable, a retry reads the same bytes."""
+        return remote_failed(
+            f"the remote artifact {key[:16]}... at {self._provider_id} cannot be imported: {problem}",
+            retryable=False,
+            provider_id=self._provider_id,
+            key=key,
+            **details,
+        )
