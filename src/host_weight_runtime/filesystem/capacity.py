@@ -3,27 +3,40 @@
 Checking before writing means a build that cannot fit fails fast with a failure that
 names the setting to change, instead of filling the disk (or, on tmpfs, the node's
 memory) and failing halfway.
+
+A build reserves space one payload file at a time, inside `reservation()`: the domain's
+capacity lock is held around the check, any eviction, and the file's preallocation, so
+the preallocated file in tmp/ is itself the reservation the next builder counts. Two
+builders can never both count the same free or freed bytes.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from .._faults import fault_point
+from ..canonical_json import CanonicalJson
 from ..config import (
+    ENV_EVICTION,
     ENV_MAX_ARTIFACT_BYTES,
     ENV_MAX_STORE_BYTES,
     ENV_MIN_FREE_BYTES,
     CapacityPolicy,
     StorageClass,
 )
-from ..failures import FailureCode, HostWeightError, ResolutionStage, raise_failure
+from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, raise_failure
+from ._eviction import Evictor
 from ._fsutil import failure_from_os_error, tree_bytes
 from ._layout import DomainLayout
+from .locks import acquire_lock
 
 __all__ = ["CapacityGuard", "CapacitySnapshot", "failure_from_os_error"]
 
 _STAGE = ResolutionStage.PRODUCTION
+_EVICTABLE = (FailureCode.STORE_LIMIT_EXCEEDED, FailureCode.INSUFFICIENT_CAPACITY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +105,7 @@ class CapacityGuard:
                     _STAGE,
                     FailureCode.STORE_LIMIT_EXCEEDED,
                     f"the store holds {current} bytes of {medium} and {additional_bytes} more would pass "
-                    f"max_store_bytes={limit}: remove unused artifacts (`hwr cleanup`) or raise "
+                    f"max_store_bytes={limit}: remove unused artifacts (`hwr gc`) or raise "
                     f"{ENV_MAX_STORE_BYTES}",
                     retryable=True,
                     store_bytes=current,
@@ -115,7 +128,7 @@ class CapacityGuard:
                 _STAGE,
                 FailureCode.INSUFFICIENT_CAPACITY,
                 f"the domain's {medium} at {self._layout.root} {problem}: free space there, remove unused "
-                f"artifacts (`hwr cleanup`), or lower {ENV_MIN_FREE_BYTES}",
+                f"artifacts (`hwr gc`), or lower {ENV_MIN_FREE_BYTES}",
                 retryable=True,
                 free_bytes=free,
                 total_bytes=total,
@@ -124,6 +137,64 @@ class CapacityGuard:
                 setting=ENV_MIN_FREE_BYTES,
                 is_memory=self.is_memory,
             )
+
+    @contextmanager
+    def reservation(self, deadline: float | None) -> Iterator[None]:
+        """Hold the domain's capacity lock around a check (with any eviction) and the allocation it allows."""
+        fault_point("capacity.before_reserve")
+        lock = acquire_lock(
+            self._layout.capacity_lock,
+            exclusive=True,
+            deadline=deadline,
+            stage=_STAGE,
+            what="the domain's capacity lock (another build is reserving space)",
+        )
+        try:
+            yield
+            fault_point("capacity.reserved")
+        finally:
+            lock.release()
+
+    def reserve(self, *, artifact_bytes: int, additional_bytes: int, evictor: Evictor | None) -> None:
+        """`check`, and when only the store limit or free space is short, evict (LRU, unleased) until it fits.
+
+        The caller holds `reservation()`. Raises the capacity failure when eviction cannot
+        free enough (or `evictor` is None), with what eviction did in its details.
+        """
+        try:
+            self.check(artifact_bytes=artifact_bytes, additional_bytes=additional_bytes)
+            return
+        except HostWeightError as exc:
+            if evictor is None or exc.code not in _EVICTABLE:
+                if exc.code in _EVICTABLE:
+                    raise HostWeightError(_with_eviction(exc.failure, 0, (), 0, enabled=False)) from exc
+                raise
+        freed_total = evictor.remove_leftovers()
+        evicted: list[str] = []
+        while True:
+            try:
+                self.check(artifact_bytes=artifact_bytes, additional_bytes=additional_bytes)
+                return
+            except HostWeightError as exc:
+                if exc.code not in _EVICTABLE:
+                    raise
+                shortfall = self._shortfall(additional_bytes)
+                outcome = evictor.free(max(shortfall, 1))
+                freed_total += outcome.freed_bytes
+                evicted.extend(outcome.evicted)
+                if not outcome.evicted:
+                    raise HostWeightError(
+                        _with_eviction(exc.failure, freed_total, tuple(evicted), outcome.leased, enabled=True)
+                    ) from exc
+
+    def _shortfall(self, additional_bytes: int) -> int:
+        """Bytes that must be freed before `additional_bytes` more fit every limit (0 when they fit)."""
+        needed = 0
+        limit = self._policy.max_store_bytes
+        if limit is not None:
+            needed = self._measure_store() + additional_bytes - limit
+        _total, free = self._statvfs()
+        return max(needed, additional_bytes + self._policy.min_free_bytes - free, 0)
 
     def snapshot(self) -> CapacitySnapshot:
         """Sizes right now, for inspection; raises HostWeightError if the filesystem cannot be queried."""
@@ -151,3 +222,23 @@ class CapacityGuard:
                 failure_from_os_error(exc, stage=_STAGE, what="querying free space of the domain")
             ) from exc
         return info.f_blocks * info.f_frsize, info.f_bavail * info.f_frsize
+
+
+def _with_eviction(
+    problem: HostWeightFailure, freed: int, evicted: tuple[str, ...], leased: int, *, enabled: bool
+) -> HostWeightFailure:
+    """The capacity failure, saying what eviction did (or that it is off) in its message and details."""
+    if enabled:
+        note = (
+            f"; eviction freed {freed} bytes from {len(evicted)} unleased artifact(s) and {leased} leased "
+            "artifact(s) cannot be evicted while workers hold them"
+        )
+    else:
+        note = f"; eviction is off ({ENV_EVICTION}=none), so no artifact was evicted to make room"
+    details = problem.details.to_value()
+    merged = dict(details) if isinstance(details, dict) else {}
+    merged.update({"eviction": "lru" if enabled else "none", "evicted_bytes": freed, "evicted_artifacts": len(evicted)})
+    merged["leased_artifacts"] = leased
+    return HostWeightFailure(
+        problem.stage, problem.code, problem.retryable, problem.message + note, CanonicalJson.from_value(merged)
+    )
