@@ -26,6 +26,7 @@ from ..canonical_json import encode_canonical
 from ..config import RuntimeMode
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
 from ..lease import HostWeightLease
+from ..metrics import record_restore
 from ..outcomes import PostLoadPublicationReport, ResolutionOutcome, ResolutionReport
 from ..runtime import HostWeightRuntime
 from .contracts import (
@@ -540,9 +541,11 @@ def load_component(
     restore_failure: HostWeightFailure | None = None
     if resolution.lease is not None:
         lease = resolution.lease
+        restore_started = time.monotonic()
         try:
             FinalLayoutTensorRestorer(context)._plan_on_identity_skeleton(prepared.holder, lease).commit()
         except HostWeightError as exc:
+            record_restore(time.monotonic() - restore_started, ok=False)
             lease.close()
             if mode is RuntimeMode.REQUIRED:
                 raise
@@ -551,6 +554,7 @@ def load_component(
                 "restoring %s from artifact %s failed (%s); loading canonically", name_or_path, key, exc.failure.message
             )
         else:
+            record_restore(time.monotonic() - restore_started, ok=True)
             model = prepared.skeleton
             object.__setattr__(model, "_host_weight_lease", lease)  # the model keeps its lease (and lock) alive
             return LoadedComponent(
