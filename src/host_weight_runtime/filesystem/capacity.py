@@ -161,14 +161,15 @@ class CapacityGuard:
         The caller holds `reservation()`. Raises the capacity failure when eviction cannot
         free enough (or `evictor` is None), with what eviction did in its details.
         """
-        try:
-            self.check(artifact_bytes=artifact_bytes, additional_bytes=additional_bytes)
-            return
-        except HostWeightError as exc:
-            if evictor is None or exc.code not in _EVICTABLE:
+        if evictor is None:
+            try:
+                self.check(artifact_bytes=artifact_bytes, additional_bytes=additional_bytes)
+            except HostWeightError as exc:
                 if exc.code in _EVICTABLE:
                     raise HostWeightError(_with_eviction(exc.failure, 0, (), 0, enabled=False)) from exc
                 raise
+            return
+        # A crashed evictor's leftover still occupies the medium; holding the capacity lock, it is garbage.
         freed_total = evictor.remove_leftovers()
         evicted: list[str] = []
         while True:
