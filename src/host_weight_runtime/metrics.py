@@ -95,7 +95,8 @@ class MetricsUnavailableError(ImportError):
 def _prometheus() -> Any:
     try:
         import prometheus_client
-        import prometheus_client.multiprocess  # so that `client.multiprocess` is loaded
+        import prometheus_client.core  # so that `client.core` and `client.multiprocess` are loaded
+        import prometheus_client.multiprocess
     except ImportError as exc:
         raise MetricsUnavailableError(
             "host weight runtime metrics need prometheus_client: pip install 'host-weight-runtime[metrics]' "
