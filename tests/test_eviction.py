@@ -98,9 +98,10 @@ def test_s18_capped_domain_evicts_least_recently_used_unleased_artifacts(tmp_pat
     for index, age_s in ((0, 400), (1, 300), (2, 200)):
         set_last_use(store, index, now - age_s * NS)
 
-    with child(_ops_children.hold_lease, str(root), 0) as (lease_0, _), child(
-        _ops_children.hold_lease, str(root), 2
-    ) as (lease_2, _):
+    with (
+        child(_ops_children.hold_lease, str(root), 0) as (lease_0, _),
+        child(_ops_children.hold_lease, str(root), 2) as (lease_2, _),
+    ):
         assert recv_within(lease_0)["status"] == "hit"
         build_and_close(store, 3)  # model 0 is the oldest but leased: model 1 goes
         assert published(store) == keys(0, 2, 3)
@@ -184,7 +185,9 @@ def test_s16_sigkill_between_eviction_move_and_delete_leaves_nothing_visible(
     """S16: a builder killed after moving an evicted artifact out of artifacts/ (before deleting it) leaves no
     half-visible artifact: the evicted key is a clean miss, and the next resolve builds and removes the leftover."""
     root = tmp_path / "domain"
-    store = FilesystemHostWeightStore(root, capacity=CapacityPolicy(max_store_bytes=artifact_bytes + artifact_bytes // 2))
+    store = FilesystemHostWeightStore(
+        root, capacity=CapacityPolicy(max_store_bytes=artifact_bytes + artifact_bytes // 2)
+    )
     build_and_close(store, 0)
     with child(_ops_children.build_model, str(root), 1, crash_at="eviction.after_move") as (_conn, process):
         process.join(120)  # type: ignore[attr-defined]
@@ -214,9 +217,10 @@ def test_s18_two_builders_racing_for_the_last_bytes_never_exceed_the_limit(tmp_p
     def on_disk() -> int:
         return tree_bytes(root / "artifacts") + tree_bytes(root / "tmp") + tree_bytes(root / "quarantine")
 
-    with child(_ops_children.build_model, str(root), 1, pause_at=points, hold=True) as (one, _), child(
-        _ops_children.build_model, str(root), 2, pause_at=points, hold=True
-    ) as (two, _):
+    with (
+        child(_ops_children.build_model, str(root), 1, pause_at=points, hold=True) as (one, _),
+        child(_ops_children.build_model, str(root), 2, pause_at=points, hold=True) as (two, _),
+    ):
         assert recv_within(one) == "capacity.before_reserve"
         assert recv_within(two) == "capacity.before_reserve"
         assert on_disk() == 0

@@ -124,11 +124,14 @@ def test_metrics_endpoint_after_a_miss_a_build_and_a_hit(tmp_path: Path) -> None
         ("hwr_import_seconds_count", L()): 0.0,  # no remote provider: an unlabelled histogram shows zero
     }
     gauges = {key: value for key, value in final.items() if not key[0].endswith(("_total", "_count", "_sum"))}
-    total, free = gauges[("hwr_store_total_bytes", L(storage_class="disk"))], gauges[
-        ("hwr_store_free_bytes", L(storage_class="disk"))
-    ]
+    total, free = (
+        gauges[("hwr_store_total_bytes", L(storage_class="disk"))],
+        gauges[("hwr_store_free_bytes", L(storage_class="disk"))],
+    )
     assert 0 < free <= total
-    assert {key: value for key, value in gauges.items() if key[0] not in ("hwr_store_total_bytes", "hwr_store_free_bytes")} == {
+    assert {
+        key: value for key, value in gauges.items() if key[0] not in ("hwr_store_total_bytes", "hwr_store_free_bytes")
+    } == {
         ("hwr_live_leases", L()): 1.0,
         ("hwr_store_artifacts", L(storage_class="disk")): 1.0,
         ("hwr_store_leased_artifacts", L(storage_class="disk")): 1.0,
@@ -192,9 +195,10 @@ def test_multiprocess_workers_are_summed(tmp_path: Path, monkeypatch: pytest.Mon
     multiproc.mkdir()
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(multiproc))
-    with child(_ops_children.multiprocess_worker, str(root), str(multiproc)) as (one, first), child(
-        _ops_children.multiprocess_worker, str(root), str(multiproc)
-    ) as (two, second):
+    with (
+        child(_ops_children.multiprocess_worker, str(root), str(multiproc)) as (one, first),
+        child(_ops_children.multiprocess_worker, str(root), str(multiproc)) as (two, second),
+    ):
         assert recv_within(one) == recv_within(two) == "local_hit"
         samples = hwr_samples(generate_latest(registry).decode())
         assert samples[("hwr_resolutions_total", L(outcome="local_hit", failure_code="none"))] == 2.0
