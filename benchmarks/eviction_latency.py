@@ -30,6 +30,7 @@ from host_weight_runtime.filesystem._fsutil import tree_bytes
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.identity import (
     IDENTITY_SCHEMA_VERSION,
+    AdaptationIdentity,
     ComponentIdentity,
     ProducerIdentity,
     RuntimeWeightLayout,
@@ -71,6 +72,7 @@ def identity(index: int) -> WeightArtifactIdentity:
             sequence_parallel_size=1,
             sequence_parallel_backend="none",
         ),
+        adaptation=AdaptationIdentity(),
         producer=ProducerIdentity(
             producer_id="bench-eviction",
             version="1",

@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from dataclasses import dataclass
 
 from .. import _telemetry
 from .._faults import fault_point
 from ._fsutil import fsync_dir, remove_tree, tree_bytes
-from ._layout import DomainLayout, check_key
-from ._usage import last_used_ns
+from ._layout import DomainLayout
 from .locks import try_lock
 
 __all__ = ["EvictionCandidate", "EvictionOutcome", "Evictor"]
 
+_LOCK_SUFFIX = ".artifact.lock"
+_KEY = re.compile(r"^[0-9a-f]{64}$")
 _PRIVATE_DIR_MODE = 0o700
 _SEALED_DIR_MODE = 0o555
 
@@ -58,21 +60,36 @@ class Evictor:
         self._storage_class = storage_class
 
     def candidates(self) -> list[EvictionCandidate]:
-        """Every published artifact, denied first, then oldest last use first (ties by key)."""
+        """Every published artifact, denied first, then oldest last use first (ties by key).
+
+        Three directory scans and a stat per lock file: no per-artifact path objects or tree walks.
+        """
+        layout = self._layout
         try:
-            names = os.listdir(self._layout.artifacts)
+            with os.scandir(layout.artifacts) as listing:
+                published = {entry.name: entry for entry in listing if _is_key(entry.name)}
         except FileNotFoundError:
             return []
+        used: dict[str, int] = {}
+        with contextlib.suppress(FileNotFoundError), os.scandir(layout.locks) as listing:
+            for entry in listing:
+                key = entry.name.removesuffix(_LOCK_SUFFIX)
+                if key in published and entry.name.endswith(_LOCK_SUFFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        used[key] = entry.stat(follow_symlinks=False).st_mtime_ns
+        try:
+            denied = {name.removesuffix(".json") for name in os.listdir(layout.deny)}
+        except FileNotFoundError:
+            denied = set()
         found: list[EvictionCandidate] = []
-        for name in names:
-            try:
-                key = check_key(name)
-            except ValueError:
-                continue
-            used = last_used_ns(self._layout, key)
-            if used is None:
-                continue  # gone meanwhile
-            found.append(EvictionCandidate(key, used, os.path.lexists(self._layout.deny_marker(key))))
+        for key, entry in published.items():
+            last = used.get(key)
+            if last is None:  # never leased: its publication time
+                try:
+                    last = entry.stat(follow_symlinks=False).st_mtime_ns
+                except FileNotFoundError:
+                    continue
+            found.append(EvictionCandidate(key, last, key in denied))
         found.sort(key=lambda c: (not c.denied, c.last_used_ns, c.key))
         return found
 
@@ -141,3 +158,7 @@ class Evictor:
                 continue
             freed += size
         return freed
+
+
+def _is_key(name: str) -> bool:
+    return _KEY.match(name) is not None

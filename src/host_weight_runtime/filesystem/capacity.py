@@ -13,9 +13,11 @@ builders can never both count the same free or freed bytes.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from .._faults import fault_point
 from ..canonical_json import CanonicalJson
@@ -51,9 +53,9 @@ class CapacitySnapshot:
 
 
 class CapacityGuard:
-    """Applies one domain's capacity policy; stateless apart from the paths it measures."""
+    """Applies one domain's capacity policy; its only state is a cache of published artifacts' sizes (immutable)."""
 
-    __slots__ = ("_layout", "_policy", "_storage_class")
+    __slots__ = ("_layout", "_policy", "_sizes", "_storage_class")
 
     def __init__(self, layout: DomainLayout, policy: CapacityPolicy, storage_class: StorageClass) -> None:
         if storage_class is StorageClass.AUTO:
@@ -61,6 +63,7 @@ class CapacityGuard:
         self._layout = layout
         self._policy = policy
         self._storage_class = storage_class
+        self._sizes: dict[str, tuple[int, int, int]] = {}  # artifacts/ entry -> (inode, ctime_ns, bytes)
 
     @property
     def policy(self) -> CapacityPolicy:
@@ -73,7 +76,36 @@ class CapacityGuard:
 
     def store_bytes(self) -> int:
         """Bytes of regular files under artifacts/, tmp/ and quarantine/: all of it occupies the medium."""
-        return tree_bytes(self._layout.artifacts) + tree_bytes(self._layout.tmp) + tree_bytes(self._layout.quarantine)
+        return self._published_bytes() + tree_bytes(self._layout.tmp) + tree_bytes(self._layout.quarantine)
+
+    def _published_bytes(self) -> int:
+        """artifacts/ without walking every artifact each time: a published directory never changes, so its
+        size is remembered per (name, inode, ctime) and only a new or replaced directory is walked."""
+        known = self._sizes
+        seen: dict[str, tuple[int, int, int]] = {}
+        total = 0
+        try:
+            with os.scandir(self._layout.artifacts) as listing:
+                entries = list(listing)
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # evicted or cleaned up meanwhile
+            if stat.S_ISREG(info.st_mode):
+                total += info.st_size
+            elif stat.S_ISDIR(info.st_mode):
+                cached = known.get(entry.name)
+                if cached is not None and cached[:2] == (info.st_ino, info.st_ctime_ns):
+                    size = cached[2]
+                else:
+                    size = tree_bytes(Path(entry.path))
+                seen[entry.name] = (info.st_ino, info.st_ctime_ns, size)
+                total += size
+        self._sizes = seen
+        return total
 
     def check(self, *, artifact_bytes: int, additional_bytes: int) -> None:
         """Raise a retryable HostWeightError (stage PRODUCTION) if writing `additional_bytes` more
@@ -82,6 +114,23 @@ class CapacityGuard:
             raise ValueError(f"artifact_bytes must be a non-negative int, got {artifact_bytes!r}")
         if type(additional_bytes) is not int or additional_bytes < 0:
             raise ValueError(f"additional_bytes must be a non-negative int, got {additional_bytes!r}")
+        self._check_artifact(artifact_bytes)
+        self._check_measured(additional_bytes, self._measure())
+
+    def _measure(self) -> tuple[int | None, int, int]:
+        """(store bytes, or None without a store limit; total; free) right now."""
+        current = self._measure_store() if self._policy.max_store_bytes is not None else None
+        total, free = self._statvfs()
+        return current, total, free
+
+    def _shortfall(self, additional_bytes: int, measured: tuple[int | None, int, int]) -> int:
+        """Bytes that must be freed before `additional_bytes` more fit every limit (0 when they fit)."""
+        current, _total, free = measured
+        limit = self._policy.max_store_bytes
+        needed = 0 if limit is None or current is None else current + additional_bytes - limit
+        return max(needed, additional_bytes + self._policy.min_free_bytes - free, 0)
+
+    def _check_artifact(self, artifact_bytes: int) -> None:
         policy = self._policy
         medium = "memory (tmpfs)" if self.is_memory else "disk"
         limit = policy.max_artifact_bytes
@@ -97,24 +146,26 @@ class CapacityGuard:
                 setting=ENV_MAX_ARTIFACT_BYTES,
                 is_memory=self.is_memory,
             )
+
+    def _check_measured(self, additional_bytes: int, measured: tuple[int | None, int, int]) -> None:
+        policy = self._policy
+        medium = "memory (tmpfs)" if self.is_memory else "disk"
+        current, total, free = measured
         limit = policy.max_store_bytes
-        if limit is not None:
-            current = self._measure_store()
-            if current + additional_bytes > limit:
-                raise raise_failure(
-                    _STAGE,
-                    FailureCode.STORE_LIMIT_EXCEEDED,
-                    f"the store holds {current} bytes of {medium} and {additional_bytes} more would pass "
-                    f"max_store_bytes={limit}: remove unused artifacts (`hwr gc`) or raise "
-                    f"{ENV_MAX_STORE_BYTES}",
-                    retryable=True,
-                    store_bytes=current,
-                    additional_bytes=additional_bytes,
-                    max_store_bytes=limit,
-                    setting=ENV_MAX_STORE_BYTES,
-                    is_memory=self.is_memory,
-                )
-        total, free = self._statvfs()
+        if limit is not None and current is not None and current + additional_bytes > limit:
+            raise raise_failure(
+                _STAGE,
+                FailureCode.STORE_LIMIT_EXCEEDED,
+                f"the store holds {current} bytes of {medium} and {additional_bytes} more would pass "
+                f"max_store_bytes={limit}: remove unused artifacts (`hwr gc`) or raise "
+                f"{ENV_MAX_STORE_BYTES}",
+                retryable=True,
+                store_bytes=current,
+                additional_bytes=additional_bytes,
+                max_store_bytes=limit,
+                setting=ENV_MAX_STORE_BYTES,
+                is_memory=self.is_memory,
+            )
         minimum = policy.min_free_bytes
         if free < additional_bytes or free - additional_bytes < minimum:
             if free < additional_bytes:
@@ -161,9 +212,14 @@ class CapacityGuard:
         The caller holds `reservation()`. Raises the capacity failure when eviction cannot
         free enough (or `evictor` is None), with what eviction did in its details.
         """
+        if type(artifact_bytes) is not int or artifact_bytes < 0:
+            raise ValueError(f"artifact_bytes must be a non-negative int, got {artifact_bytes!r}")
+        if type(additional_bytes) is not int or additional_bytes < 0:
+            raise ValueError(f"additional_bytes must be a non-negative int, got {additional_bytes!r}")
+        self._check_artifact(artifact_bytes)
         if evictor is None:
             try:
-                self.check(artifact_bytes=artifact_bytes, additional_bytes=additional_bytes)
+                self._check_measured(additional_bytes, self._measure())
             except HostWeightError as exc:
                 if exc.code in _EVICTABLE:
                     raise HostWeightError(_with_eviction(exc.failure, 0, (), 0, enabled=False)) from exc
@@ -173,29 +229,20 @@ class CapacityGuard:
         freed_total = evictor.remove_leftovers()
         evicted: list[str] = []
         while True:
+            measured = self._measure()
             try:
-                self.check(artifact_bytes=artifact_bytes, additional_bytes=additional_bytes)
+                self._check_measured(additional_bytes, measured)
                 return
             except HostWeightError as exc:
                 if exc.code not in _EVICTABLE:
                     raise
-                shortfall = self._shortfall(additional_bytes)
-                outcome = evictor.free(max(shortfall, 1))
+                outcome = evictor.free(max(self._shortfall(additional_bytes, measured), 1))
                 freed_total += outcome.freed_bytes
                 evicted.extend(outcome.evicted)
                 if not outcome.evicted:
                     raise HostWeightError(
                         _with_eviction(exc.failure, freed_total, tuple(evicted), outcome.leased, enabled=True)
                     ) from exc
-
-    def _shortfall(self, additional_bytes: int) -> int:
-        """Bytes that must be freed before `additional_bytes` more fit every limit (0 when they fit)."""
-        needed = 0
-        limit = self._policy.max_store_bytes
-        if limit is not None:
-            needed = self._measure_store() + additional_bytes - limit
-        _total, free = self._statvfs()
-        return max(needed, additional_bytes + self._policy.min_free_bytes - free, 0)
 
     def snapshot(self) -> CapacitySnapshot:
         """Sizes right now, for inspection; raises HostWeightError if the filesystem cannot be queried."""
