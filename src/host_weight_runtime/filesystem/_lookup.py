@@ -17,7 +17,7 @@ from ..tensors import ValidationLevel
 from ._deny import DenyMarkers
 from ._layout import DomainLayout
 from ._prefault import BackgroundPrefault, prefault_enabled
-from ._usage import UsageRecordingLock, touch_last_use
+from ._usage import UsageRecordingLock, touch_lock_file
 from .locks import FileLock, acquire_lock
 from .reader import ArtifactReadError, InvalidArtifactError, ValidatedArtifact, open_artifact
 
@@ -133,11 +133,12 @@ class ArtifactLookup:
 
         The lease's start and end are recorded as the artifact's last use (the usage ledger).
         """
-        touch_last_use(self._layout, identity.key)
+        key = identity.key  # computed, not cached: hash it once
+        touch_lock_file(lock.path)
         provenance = LeaseProvenance(
             source=source,
             domain_id=self._domain_id,
-            artifact_dir=str(self._layout.artifact_dir(identity.key)),
+            artifact_dir=str(self._layout.artifact_dir(key)),
             publication_id=validated.marker.publication_id,
             validation=validation,
             pid=os.getpid(),
@@ -157,6 +158,6 @@ class ArtifactLookup:
             regions=regions,
             provenance=provenance,
             mappings=mappings,
-            lock=UsageRecordingLock(lock, self._layout, identity.key, self._storage_class),
+            lock=UsageRecordingLock(lock, self._storage_class),
             background=prefault,
         )

@@ -18,15 +18,20 @@ from .. import _telemetry
 from ._layout import DomainLayout
 from .locks import FileLock, try_lock
 
-__all__ = ["LockTable", "UsageRecordingLock", "inode_id", "last_used_ns", "touch_last_use"]
+__all__ = ["LockTable", "UsageRecordingLock", "inode_id", "last_used_ns", "touch_last_use", "touch_lock_file"]
 
 _PROC_LOCKS = Path("/proc/locks")
 
 
 def touch_last_use(layout: DomainLayout, key: str) -> None:
     """Record a use of `key` now; best effort (a failed touch never fails a lease)."""
+    touch_lock_file(layout.artifact_lock(key))
+
+
+def touch_lock_file(lock_path: Path) -> None:
+    """Set an artifact lock file's mtime (the artifact's last use) to now; best effort."""
     with contextlib.suppress(OSError):
-        os.utime(layout.artifact_lock(key))
+        os.utime(lock_path)
 
 
 def last_used_ns(layout: DomainLayout, key: str) -> int | None:
@@ -54,12 +59,10 @@ class UsageRecordingLock:
     It also keeps the process's live-lease count exact (one open per lease, one close).
     """
 
-    __slots__ = ("_inner", "_key", "_layout", "_released", "_storage_class")
+    __slots__ = ("_inner", "_released", "_storage_class")
 
-    def __init__(self, inner: FileLock, layout: DomainLayout, key: str, storage_class: str) -> None:
+    def __init__(self, inner: FileLock, storage_class: str) -> None:
         self._inner = inner
-        self._layout = layout
-        self._key = key
         self._storage_class = storage_class
         self._released = False
         _telemetry.lease_opened(storage_class)
@@ -70,7 +73,7 @@ class UsageRecordingLock:
         self._released = True
         try:
             if self._inner.held:  # never from a forked child, which does not own the lease
-                touch_last_use(self._layout, self._key)
+                touch_lock_file(self._inner.path)
         finally:
             self._inner.release()
             _telemetry.lease_closed(self._storage_class)
