@@ -245,3 +245,12 @@ def test_s18_two_builders_racing_for_the_last_bytes_never_exceed_the_limit(tmp_p
     assert on_disk() <= limit
     assert len(published(store)) == 1
     assert os.listdir(store.layout.tmp) == []
+
+
+def test_eviction_policy_from_the_environment() -> None:
+    """HWR_EVICTION selects the policy (default lru); a bad value names the variable to fix."""
+    assert HostWeightRuntimeConfig.from_env({}).eviction is EvictionPolicy.LRU
+    assert HostWeightRuntimeConfig.from_env({"HWR_EVICTION": "none"}).eviction is EvictionPolicy.NONE
+    assert HostWeightRuntimeConfig.from_dict({"eviction": "LRU"}).eviction is EvictionPolicy.LRU
+    with pytest.raises(ValueError, match="HWR_EVICTION"):
+        HostWeightRuntimeConfig.from_env({"HWR_EVICTION": "fifo"})

@@ -179,3 +179,24 @@ def test_gc_durations(text: str, seconds: float) -> None:
 @pytest.mark.parametrize(("text", "nbytes"), [("1000", 1000), ("2K", 2048), ("20G", 20 * 1024**3), ("1.5MiB", 1572864)])
 def test_gc_sizes(text: str, nbytes: int) -> None:
     assert parse_bytes(text) == nbytes
+
+
+def test_inspect_shows_last_use_and_live_leases(
+    aged_domain: FilesystemHostWeightStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hwr inspect --json` reports each artifact's last use and its live leases across processes."""
+    store = aged_domain
+    with child(_ops_children.hold_lease, str(store.root), 3) as (conn, _):
+        assert recv_within(conn)["status"] == "hit"
+        status, snapshot = run_json(capsys, "inspect", "--root", str(store.root), "--json")
+        conn.send("close")
+        assert recv_within(conn) == "closed"
+    assert status == 0
+    entries = snapshot["artifacts"]
+    assert isinstance(entries, list)
+    by_key = {entry["key"]: entry for entry in entries}
+    assert {key: entry["live_leases"] for key, entry in by_key.items()} == {
+        model_identity(index).key: 1 if index == 3 else 0 for index in range(4)
+    }
+    used = [by_key[model_identity(index).key]["last_used_ns"] for index in range(4)]
+    assert used[0] < used[1] < used[2] < used[3]

@@ -280,3 +280,13 @@ def test_resolve_log_redacts_credentials(tmp_path: Path, resolve_records: list[l
     text = json.dumps(getattr(record, REPORT_ATTRIBUTE))
     assert "AKIA-secret" not in text and "hf_secret" not in text and "user:pw" not in text
     assert "<redacted>" in text
+
+
+def test_metrics_settings_from_the_environment() -> None:
+    """HWR_METRICS_PORT (0 picks a free port) and HWR_METRICS_ADDR; a bad port names the variable to fix."""
+    config = HostWeightRuntimeConfig.from_env({"HWR_METRICS_PORT": "9464", "HWR_METRICS_ADDR": "0.0.0.0"})
+    assert (config.metrics_port, config.metrics_addr) == (9464, "0.0.0.0")
+    assert HostWeightRuntimeConfig.from_env({}).metrics_port is None
+    for bad in ("http", "70000", "-1"):
+        with pytest.raises(ValueError, match="HWR_METRICS_PORT"):
+            HostWeightRuntimeConfig.from_env({"HWR_METRICS_PORT": bad})
