@@ -56,6 +56,23 @@ from .protocols import (
 from .runtime import HostWeightRuntime
 from .tensors import TensorKind, ValidationLevel
 
+# isort: split
+# Operating a domain: eviction, usage, gc and metrics (issue 12).
+from .config import EvictionPolicy
+from .filesystem.garbage import (
+    GcItem,
+    GcItemKind,
+    GcItemResult,
+    GcItemStatus,
+    GcKeepReason,
+    GcKept,
+    GcPlan,
+    GcReason,
+    GcResult,
+)
+from .filesystem.inspection import DomainUsage
+from .metrics import HostWeightMetrics, MetricsUnavailableError, register_metrics, start_metrics_server
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -126,4 +143,20 @@ __all__ = [
     "__version__",
     "default_root",
     "read_mount_table",
+    # Operating a domain: eviction, usage, gc and metrics (issue 12).
+    "DomainUsage",
+    "EvictionPolicy",
+    "GcItem",
+    "GcItemKind",
+    "GcItemResult",
+    "GcItemStatus",
+    "GcKeepReason",
+    "GcKept",
+    "GcPlan",
+    "GcReason",
+    "GcResult",
+    "HostWeightMetrics",
+    "MetricsUnavailableError",
+    "register_metrics",
+    "start_metrics_server",
 ]

@@ -22,6 +22,9 @@ ENV_LOCK_TIMEOUT = "HWR_LOCK_TIMEOUT_S"
 ENV_MAX_ARTIFACT_BYTES = "HWR_MAX_ARTIFACT_BYTES"
 ENV_MAX_STORE_BYTES = "HWR_MAX_STORE_BYTES"
 ENV_MIN_FREE_BYTES = "HWR_MIN_FREE_BYTES"
+ENV_EVICTION = "HWR_EVICTION"
+ENV_METRICS_PORT = "HWR_METRICS_PORT"
+ENV_METRICS_ADDR = "HWR_METRICS_ADDR"
 
 
 class RuntimeMode(str, enum.Enum):
@@ -38,6 +41,13 @@ class StorageClass(str, enum.Enum):
     AUTO = "auto"
     TMPFS = "tmpfs"
     DISK = "disk"
+
+
+class EvictionPolicy(str, enum.Enum):
+    """What a build does when the domain is full: LRU evicts unleased artifacts first; NONE only refuses."""
+
+    LRU = "lru"
+    NONE = "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +98,9 @@ class HostWeightRuntimeConfig:
     allow_post_load_publish: bool = True
     lock_timeout_s: float = 600.0
     capacity: CapacityPolicy | None = None
+    eviction: EvictionPolicy = EvictionPolicy.LRU
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, RuntimeMode):
@@ -108,6 +121,13 @@ class HostWeightRuntimeConfig:
         timeout = self.lock_timeout_s
         if type(timeout) not in (int, float) or not math.isfinite(timeout) or timeout < 0:
             raise ValueError(f"lock_timeout_s must be a finite, non-negative number, got {timeout!r}")
+        if not isinstance(self.eviction, EvictionPolicy):
+            raise ValueError(f"eviction must be an EvictionPolicy, got {self.eviction!r}")
+        port = self.metrics_port
+        if port is not None and (type(port) is not int or not 0 <= port <= 65535):
+            raise ValueError(f"metrics_port must be None or a port number 0-65535 (0 picks a free one), got {port!r}")
+        if not isinstance(self.metrics_addr, str) or not self.metrics_addr.strip():
+            raise ValueError(f"metrics_addr must be a non-empty host address, got {self.metrics_addr!r}")
 
     @property
     def resolved_root(self) -> Path:
@@ -127,6 +147,9 @@ class HostWeightRuntimeConfig:
             "max_artifact_bytes",
             "max_store_bytes",
             "min_free_bytes",
+            "eviction",
+            "metrics_port",
+            "metrics_addr",
         }
         unknown = sorted(set(values) - known)
         if unknown:
@@ -145,6 +168,12 @@ class HostWeightRuntimeConfig:
                 kwargs[name] = _bool(values[name], name)
         if "lock_timeout_s" in values:
             kwargs["lock_timeout_s"] = _float(values["lock_timeout_s"], "lock_timeout_s")
+        if "eviction" in values:
+            kwargs["eviction"] = _enum(EvictionPolicy, values["eviction"], "eviction")
+        if values.get("metrics_port") is not None:
+            kwargs["metrics_port"] = _port(values["metrics_port"], "metrics_port")
+        if "metrics_addr" in values:
+            kwargs["metrics_addr"] = str(values["metrics_addr"]).strip()
         capacity_keys = ("max_artifact_bytes", "max_store_bytes", "min_free_bytes")
         if any(key in values for key in capacity_keys):
             kwargs["capacity"] = CapacityPolicy(
@@ -169,6 +198,9 @@ class HostWeightRuntimeConfig:
             ENV_MAX_ARTIFACT_BYTES: "max_artifact_bytes",
             ENV_MAX_STORE_BYTES: "max_store_bytes",
             ENV_MIN_FREE_BYTES: "min_free_bytes",
+            ENV_EVICTION: "eviction",
+            ENV_METRICS_PORT: "metrics_port",
+            ENV_METRICS_ADDR: "metrics_addr",
         }
         values: dict[str, object] = {}
         for env_name, key in mapping.items():
@@ -233,3 +265,11 @@ def _optional_int(value: object, name: str) -> int | None:
         except ValueError:
             pass
     raise ValueError(f"{name} must be an integer number of bytes; got {value!r}")
+
+
+def _port(value: object, name: str) -> int:
+    if type(value) is int:
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    raise ValueError(f"{name} must be a TCP port number (0 picks a free one); got {value!r}")

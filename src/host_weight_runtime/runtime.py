@@ -90,8 +90,17 @@ class HostWeightRuntime:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> HostWeightRuntime:
-        """Configure from HWR_* variables so operators can switch the runtime on without code changes."""
-        return cls(HostWeightRuntimeConfig.from_env(environ), **kwargs)
+        """Configure from HWR_* variables so operators can switch the runtime on without code changes.
+
+        With HWR_METRICS_PORT set, the process's Prometheus endpoint is started (once) and
+        this runtime's reports feed it (`host_weight_runtime.metrics`).
+        """
+        runtime = cls(HostWeightRuntimeConfig.from_env(environ), **kwargs)
+        if runtime.config.metrics_port is not None:
+            from .metrics import serve_runtime_metrics
+
+            serve_runtime_metrics(runtime)
+        return runtime
 
     @property
     def config(self) -> HostWeightRuntimeConfig:

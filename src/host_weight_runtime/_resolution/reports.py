@@ -1,11 +1,19 @@
-"""Assembling what a call reports: attempt records, the terminal conclusion, and the one report (logged)."""
+"""Assembling what a call reports: attempt records, the terminal conclusion, and the one report (logged).
+
+Every resolve logs exactly one record on the `host_weight_runtime.resolve` logger: INFO for
+a hit, a build or a clean cold start, WARNING for a fallback with a failure or a failed
+resolve. The record carries the whole report as a JSON-safe dict in `record.hwr_report`
+(`ResolutionReport.to_dict()`, with anything that looks like a credential redacted).
+"""
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 
+from ..canonical_json import JsonValue
 from ..failures import FailureCode, HostWeightFailure, ResolutionStage, failure
 from ..lease import HostWeightLease
 from ..outcomes import (
@@ -19,6 +27,8 @@ from ..outcomes import (
 from .stage import StageOutcome
 
 __all__ = [
+    "REPORT_ATTRIBUTE",
+    "RESOLVE_LOGGER",
     "PublicationOutcome",
     "ResolveConclusion",
     "attempt_of",
@@ -29,6 +39,12 @@ __all__ = [
 ]
 
 _LOG = logging.getLogger("host_weight_runtime")
+RESOLVE_LOGGER = "host_weight_runtime.resolve"
+REPORT_ATTRIBUTE = "hwr_report"  # the LogRecord attribute holding the report's dict
+_RESOLVE_LOG = logging.getLogger(RESOLVE_LOGGER)
+_SECRET_NAME = re.compile(r"token|secret|password|passwd|credential|storage_option|authorization|api_key|access_key")
+_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
+REDACTED = "<redacted>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,16 +103,7 @@ def resolution_report(key: str, mode: str, conclusion: ResolveConclusion, starte
         failure=conclusion.failure,
         publication_id=conclusion.publication_id,
     )
-    outcome, fail = made.outcome, made.failure
-    if outcome is ResolutionOutcome.FAILED and fail is not None:
-        _LOG.warning("host weight resolve of %s failed: [%s] %s", key, fail.code.value, fail.message)
-    elif outcome is ResolutionOutcome.CANONICAL_FALLBACK and fail is None:
-        # A clean miss is an ordinary cold start, not a problem.
-        _LOG.info("host weight resolve of %s: no artifact yet; loading canonically", key)
-    elif outcome is ResolutionOutcome.CANONICAL_FALLBACK and fail is not None:
-        _LOG.warning(
-            "host weight resolve of %s falls back to canonical loading: [%s] %s", key, fail.code.value, fail.message
-        )
+    log_resolution(made)
     return made
 
 
@@ -109,3 +116,35 @@ def publication_report(key: str, outcome: PublicationOutcome, started: float) ->
     if fail is not None:
         _LOG.warning("post-load publication of %s failed: [%s] %s", key, fail.code.value, fail.message)
     return made
+
+
+def log_resolution(made: ResolutionReport) -> None:
+    """The one log record of a resolve, carrying the report (redacted) in `record.hwr_report`."""
+    key, outcome, fail = made.identity_key, made.outcome, made.failure
+    level = logging.INFO
+    args: tuple[object, ...]
+    if outcome is ResolutionOutcome.FAILED and fail is not None:
+        level = logging.WARNING
+        message, args = "host weight resolve of %s failed: [%s] %s", (key, fail.code.value, fail.message)
+    elif outcome is ResolutionOutcome.CANONICAL_FALLBACK and fail is None:
+        # A clean miss is an ordinary cold start, not a problem.
+        message, args = "host weight resolve of %s: no artifact yet; loading canonically", (key,)
+    elif outcome is ResolutionOutcome.CANONICAL_FALLBACK and fail is not None:
+        level = logging.WARNING
+        message = "host weight resolve of %s falls back to canonical loading: [%s] %s"
+        args = (key, fail.code.value, fail.message)
+    else:
+        message, args = "host weight resolve of %s: %s in %.3f s", (key, outcome.value, made.elapsed_s)
+    if _RESOLVE_LOG.isEnabledFor(level):
+        _RESOLVE_LOG.log(level, message, *args, extra={REPORT_ATTRIBUTE: redact(made.to_dict())})
+
+
+def redact(value: JsonValue) -> JsonValue:
+    """A copy of `value` with credential-like fields and URL user-info replaced, for logs."""
+    if isinstance(value, dict):
+        return {name: REDACTED if _SECRET_NAME.search(name.lower()) else redact(item) for name, item in value.items()}
+    if isinstance(value, list):
+        return [redact(item) for item in value]
+    if isinstance(value, str):
+        return _URL_USERINFO.sub(lambda match: f"{match.group('scheme')}{REDACTED}@", value)
+    return value

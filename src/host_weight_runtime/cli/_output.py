@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 
 from rich.console import Console
@@ -37,6 +38,7 @@ __all__ = [
     "ReportedError",
     "UsageError",
     "add_json_option",
+    "ago",
     "byte_progress",
     "confirm",
     "limit",
@@ -111,6 +113,17 @@ def limit(nbytes: int | None) -> str:
 def seconds(value: float) -> str:
     """A duration for people."""
     return f"{value:.2f} s"
+
+
+def ago(timestamp_ns: int | None, *, now_ns: int | None = None) -> str:
+    """How long ago a wall-clock time (ns since the epoch) was, for people ("-" when unknown)."""
+    if timestamp_ns is None:
+        return "-"
+    elapsed = max(0.0, ((time.time_ns() if now_ns is None else now_ns) - timestamp_ns) / 1e9)
+    for unit, length in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if elapsed >= length:
+            return f"{elapsed / length:.1f} {unit} ago"
+    return f"{elapsed:.0f} s ago"
 
 
 def byte_progress(verb: str) -> Progress:

@@ -15,6 +15,7 @@ from ._output import (
     EXIT_OK,
     SHORT_KEY,
     add_json_option,
+    ago,
     limit,
     print_json,
     short_key,
@@ -72,11 +73,11 @@ def _render_domain(console: Console, snapshot: DomainInspection) -> None:
         console.print("no artifacts")
         return
     table = Table(title=f"inventory ({len(snapshot.artifacts)})", title_justify="left")
-    for column in ("key", "state", "size", "model", "tensors", "locks held", "problem"):
+    for column in ("key", "state", "size", "model", "tensors", "last used", "leases", "locks held", "problem"):
         wraps = column in ("model", "problem")
         table.add_column(
             column,
-            justify="right" if column in ("size", "tensors") else "left",
+            justify="right" if column in ("size", "tensors", "leases") else "left",
             no_wrap=not wraps,
             overflow="fold" if wraps else "ellipsis",
             min_width=SHORT_KEY if column == "key" else None,
@@ -88,6 +89,8 @@ def _render_domain(console: Console, snapshot: DomainInspection) -> None:
             size(entry.size_bytes),
             Text(entry.model_id or "-"),
             "-" if entry.tensor_count is None else str(entry.tensor_count),
+            ago(entry.last_used_ns),
+            str(entry.live_leases),
             _locks_text(entry),
             Text(entry.problem.code.value if entry.problem is not None else "-"),
         )

@@ -38,6 +38,7 @@ from ..failures import (
     usage_error,
 )
 from ..lease import HostWeightLease
+from ..metrics import record_restore
 from ..outcomes import (
     AttemptAction,
     AttemptResult,
@@ -802,9 +803,11 @@ def load_component(
     restore_failure: HostWeightFailure | None = None
     if resolution.lease is not None:
         lease = resolution.lease
+        restore_started = time.monotonic()
         try:
             FinalLayoutTensorRestorer(context)._plan_on_identity_skeleton(prepared.holder, lease).commit()
         except HostWeightError as exc:
+            record_restore(time.monotonic() - restore_started, ok=False)
             lease.close()
             if mode is RuntimeMode.REQUIRED:
                 raise
@@ -813,6 +816,7 @@ def load_component(
                 "restoring %s from artifact %s failed (%s); loading canonically", name_or_path, key, exc.failure.message
             )
         else:
+            record_restore(time.monotonic() - restore_started, ok=True)
             model = prepared.skeleton
             _anchor(model, lease)
             return finish(model, ComponentLoadPath.ARTIFACT, report, identity_key=key, lease=lease)

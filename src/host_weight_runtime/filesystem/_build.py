@@ -8,6 +8,7 @@ import os
 import time
 from pathlib import Path
 
+from .. import _telemetry
 from .._digest import DIGEST_ALGORITHM, content_digest
 from .._faults import fault_point
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
@@ -18,6 +19,7 @@ from ..outcomes import StoreResult, StoreStatus
 from ..protocols import BuildRequest, CoordinationScope, ProductionMetadata, WeightProducer
 from ..tensors import ValidationLevel
 from ._deny import DenyMarkers
+from ._eviction import Evictor
 from ._fsutil import failure_from_os_error, remove_tree
 from ._layout import DomainLayout
 from ._lookup import ArtifactLookup, artifact_lock
@@ -32,7 +34,16 @@ __all__ = ["ArtifactBuilder"]
 class ArtifactBuilder:
     """Builds and publishes missing or invalid artifacts, at most one builder per key at a time."""
 
-    __slots__ = ("_capacity", "_deny", "_hash_threads", "_layout", "_lookup", "_publisher")
+    __slots__ = (
+        "_capacity",
+        "_deny",
+        "_evictor",
+        "_hash_threads",
+        "_layout",
+        "_lookup",
+        "_publisher",
+        "_storage_class",
+    )
 
     def __init__(
         self,
@@ -41,9 +52,14 @@ class ArtifactBuilder:
         lookup: ArtifactLookup,
         deny: DenyMarkers,
         hash_threads: int | None,
+        *,
+        evictor: Evictor | None = None,
+        storage_class: str = "",
     ) -> None:
         self._layout = layout
         self._capacity = capacity
+        self._evictor = evictor
+        self._storage_class = storage_class
         self._lookup = lookup
         self._deny = deny
         self._hash_threads = hash_threads
@@ -147,9 +163,14 @@ class ArtifactBuilder:
             return StoreResult(StoreStatus.FAILED, identity, failure=problem)
         try:
             fault_point("build.staging_created")
-            manifest = self._produce_into(staging, identity, producer)
+            manifest = self._produce_into(staging, identity, producer, deadline=deadline)
             marker = seal(staging, manifest)
-            return self._publisher.publish(staging, identity, manifest, marker, deadline=deadline)
+            published = self._publisher.publish(staging, identity, manifest, marker, deadline=deadline)
+            if published.status is StoreStatus.BUILT:
+                nbytes = sum(entry.size for entry in manifest.files)
+                event = _telemetry.TelemetryEvent(_telemetry.TelemetryKind.PUBLISHED, self._storage_class, nbytes)
+                _telemetry.emit(event)
+            return published
         except BuildFailedError as exc:
             discard(staging)
             return StoreResult(StoreStatus.FAILED, identity, failure=exc.failure)
@@ -162,16 +183,21 @@ class ArtifactBuilder:
             raise
 
     def _produce_into(
-        self, staging: Path, identity: WeightArtifactIdentity, producer: WeightProducer
+        self, staging: Path, identity: WeightArtifactIdentity, producer: WeightProducer, *, deadline: float
     ) -> WeightManifest:
         reserved = 0
 
         def reserve(nbytes: int) -> None:
             nonlocal reserved
-            self._capacity.check(artifact_bytes=reserved + nbytes, additional_bytes=nbytes)
+            self._capacity.reserve(artifact_bytes=reserved + nbytes, additional_bytes=nbytes, evictor=self._evictor)
             reserved += nbytes
 
-        writer = StagingArtifactWriter(staging, reserve=reserve, hash_threads=self._hash_threads)
+        writer = StagingArtifactWriter(
+            staging,
+            reserve=reserve,
+            hash_threads=self._hash_threads,
+            reservation_guard=lambda: self._capacity.reservation(deadline),
+        )
         try:
             try:
                 metadata = producer.produce(writer)

@@ -5,13 +5,16 @@
       domain-policy.json          capacity policy; the first writer's policy is authoritative
       locks/
         domain-init.lock          held while the domain's directories and files are created
+        capacity.lock             exclusive around a build's capacity check, eviction and preallocation
         <key>.build.lock          exclusive: one builder per key
-        <key>.artifact.lock       shared by every live lease; exclusive to publish or remove
+        <key>.artifact.lock       shared by every live lease; exclusive to publish or remove;
+                                  its mtime is the artifact's last use (touched when a lease opens and closes)
       artifacts/<key>/            a published artifact (dir 0555, files 0444)
         READY.json                written last; names the manifest's digest
         manifest.json             identity, per-tensor and per-file digests, content digest
         *.safetensors             payloads, readable by stock safetensors
       tmp/<key>.<pid>.<rand>/     builds in progress; invisible to readers
+      tmp/evicting-<key>.<pid>.<rand>/  an evicted artifact being deleted (moved out of artifacts/ first)
       quarantine/<key>.<ns>.<rand>/  invalid or colliding artifacts, kept for inspection
       deny/<key>.json             "this artifact failed validation"
       source-digests-v1/          node cache of checkpoint-file hashes (diffusion adapters);
@@ -37,6 +40,8 @@ TMP_DIR = "tmp"
 QUARANTINE_DIR = "quarantine"
 DENY_DIR = "deny"
 DOMAIN_INIT_LOCK = "domain-init.lock"
+CAPACITY_LOCK = "capacity.lock"
+EVICTING_PREFIX = "evicting-"
 STORE_DIRS = (LOCKS_DIR, ARTIFACTS_DIR, TMP_DIR, QUARANTINE_DIR, DENY_DIR)
 
 _KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
@@ -87,6 +92,10 @@ class DomainLayout:
     def domain_init_lock(self) -> Path:
         return self.locks / DOMAIN_INIT_LOCK
 
+    @property
+    def capacity_lock(self) -> Path:
+        return self.locks / CAPACITY_LOCK
+
     def build_lock(self, key: str) -> Path:
         return self.locks / f"{check_key(key)}.build.lock"
 
@@ -117,6 +126,17 @@ class DomainLayout:
         except FileNotFoundError:
             return []
         return sorted(self.quarantine / name for name in names if name.startswith(prefix))
+
+    def new_eviction_dir(self, key: str) -> Path:
+        """Where an evicted artifact goes before it is deleted; never matches `staging_dirs(key)`."""
+        return self.tmp / f"{EVICTING_PREFIX}{check_key(key)}.{os.getpid()}.{secrets.token_hex(6)}"
+
+    def eviction_dirs(self) -> list[Path]:
+        try:
+            names = os.listdir(self.tmp)
+        except FileNotFoundError:
+            return []
+        return sorted(self.tmp / name for name in names if name.startswith(EVICTING_PREFIX))
 
     def new_quarantine_dir(self, key: str) -> Path:
         return self.quarantine / f"{check_key(key)}.{time.time_ns()}.{secrets.token_hex(4)}"

@@ -17,6 +17,7 @@ from ..tensors import ValidationLevel
 from ._deny import DenyMarkers
 from ._layout import DomainLayout
 from ._prefault import BackgroundPrefault, prefault_enabled
+from ._usage import UsageRecordingLock, touch_lock_file
 from .locks import FileLock, acquire_lock
 from .reader import ArtifactReadError, InvalidArtifactError, ValidatedArtifact, open_artifact
 
@@ -33,13 +34,21 @@ def artifact_lock(
 class ArtifactLookup:
     """Validated leases of published artifacts; never builds, denies what fails validation."""
 
-    __slots__ = ("_deny", "_domain_id", "_hash_threads", "_layout")
+    __slots__ = ("_deny", "_domain_id", "_hash_threads", "_layout", "_storage_class")
 
-    def __init__(self, domain_id: str, layout: DomainLayout, deny: DenyMarkers, hash_threads: int | None) -> None:
+    def __init__(
+        self,
+        domain_id: str,
+        layout: DomainLayout,
+        deny: DenyMarkers,
+        hash_threads: int | None,
+        storage_class: str = "",
+    ) -> None:
         self._domain_id = domain_id
         self._layout = layout
         self._deny = deny
         self._hash_threads = hash_threads
+        self._storage_class = storage_class
 
     def lookup(
         self,
@@ -120,11 +129,16 @@ class ArtifactLookup:
         validation: ValidationLevel,
         source: LeaseSource,
     ) -> HostWeightLease:
-        """Hand a validated artifact's mappings and its held artifact lock over to a new lease."""
+        """Hand a validated artifact's mappings and its held artifact lock over to a new lease.
+
+        The lease's start and end are recorded as the artifact's last use (the usage ledger).
+        """
+        key = identity.key  # computed, not cached: hash it once
+        touch_lock_file(lock.path)
         provenance = LeaseProvenance(
             source=source,
             domain_id=self._domain_id,
-            artifact_dir=str(self._layout.artifact_dir(identity.key)),
+            artifact_dir=str(self._layout.artifact_dir(key)),
             publication_id=validated.marker.publication_id,
             validation=validation,
             pid=os.getpid(),
@@ -144,6 +158,6 @@ class ArtifactLookup:
             regions=regions,
             provenance=provenance,
             mappings=mappings,
-            lock=lock,
+            lock=UsageRecordingLock(lock, self._storage_class),
             background=prefault,
         )

@@ -18,12 +18,13 @@ from ..outcomes import CleanupResult, CleanupStatus
 from ..tensors import ValidationLevel
 from ._deny import DenyMarkers
 from ._fsutil import failure_from_os_error, fsync_dir, remove_tree, tree_bytes
-from ._layout import DomainLayout, check_key
+from ._layout import EVICTING_PREFIX, DomainLayout, check_key
 from ._lookup import artifact_lock
 from ._publication import PRIVATE_DIR_MODE
+from ._usage import LockTable, inode_id, last_used_ns
 from .capacity import CapacityGuard
 from .domain import DomainInfo
-from .inspection import ArtifactInspection, ArtifactState, DomainInspection, LockActivity
+from .inspection import ArtifactInspection, ArtifactState, DomainInspection, DomainUsage, LockActivity
 from .locks import lock_in_use, try_lock
 from .reader import ArtifactReadError, InvalidArtifactError, open_artifact
 
@@ -141,12 +142,16 @@ class DomainMaintenance:
         validation: ValidationLevel = ValidationLevel.MANIFEST_AND_METADATA,
         deadline: float | None = None,
         progress: Callable[[int], None] | None = None,
+        lock_table: LockTable | None = None,
     ) -> ArtifactInspection:
         """Validate one artifact read-only; reports problems but never denies or quarantines."""
         identity = key if isinstance(key, WeightArtifactIdentity) else None
         key = check_key(key.key if isinstance(key, WeightArtifactIdentity) else key)
         artifact_dir = self._layout.artifact_dir(key)
         activity = self._lock_activity(key)
+        # Counted before our own shared lock below, which is not a lease.
+        leases = (lock_table or LockTable.read()).live_leases(self._layout.artifact_lock(key))
+        used = last_used_ns(self._layout, key)
         if not os.path.lexists(artifact_dir):
             staging = self._layout.staging_dirs(key)
             if staging:
@@ -166,7 +171,14 @@ class DomainMaintenance:
             )
         except HostWeightError as exc:
             return ArtifactInspection(
-                key, ArtifactState.UNVERIFIED, str(artifact_dir), size, activity, problem=exc.failure
+                key,
+                ArtifactState.UNVERIFIED,
+                str(artifact_dir),
+                size,
+                activity,
+                problem=exc.failure,
+                last_used_ns=used,
+                live_leases=leases,
             )
         try:
             validated = open_artifact(
@@ -179,7 +191,16 @@ class DomainMaintenance:
             )
         except (InvalidArtifactError, ArtifactReadError) as exc:
             state = ArtifactState.DENIED if self._deny.present(key) else ArtifactState.INVALID
-            return ArtifactInspection(key, state, str(artifact_dir), size, activity, problem=exc.failure)
+            return ArtifactInspection(
+                key,
+                state,
+                str(artifact_dir),
+                size,
+                activity,
+                problem=exc.failure,
+                last_used_ns=used,
+                live_leases=leases,
+            )
         finally:
             lock.release()
         manifest = validated.manifest
@@ -194,14 +215,17 @@ class DomainMaintenance:
             model_id=_display_model_id(manifest),
             tensor_count=len(manifest.tensors),
             problem=self._deny.failure(key) if denied else None,
+            last_used_ns=used,
+            live_leases=leases,
         )
 
     def inspect_domain(self) -> DomainInspection:
         """Inventory of ready, denied, quarantined and temporary artifacts, with capacity."""
         entries: list[ArtifactInspection] = []
+        lock_table = LockTable.read()
         for name in sorted(_list(self._layout.artifacts)):
             try:
-                entries.append(self.inspect_artifact(name, deadline=time.monotonic() + 5.0))
+                entries.append(self.inspect_artifact(name, deadline=time.monotonic() + 5.0, lock_table=lock_table))
             except ValueError:
                 entries.append(
                     ArtifactInspection(
@@ -231,6 +255,17 @@ class DomainMaintenance:
             )
         for name in sorted(_list(self._layout.tmp)):
             path = self._layout.tmp / name
+            if name.startswith(EVICTING_PREFIX):
+                entries.append(
+                    ArtifactInspection(
+                        name[len(EVICTING_PREFIX) :].split(".", 1)[0],
+                        ArtifactState.EVICTING,
+                        str(path),
+                        tree_bytes(path),
+                        LockActivity(False, False),
+                    )
+                )
+                continue
             key = name.split(".", 1)[0]
             if os.path.lexists(self._layout.artifacts / key):
                 continue
@@ -253,6 +288,31 @@ class DomainMaintenance:
             mount_point=self._domain.mount_point,
             capacity=self._capacity.snapshot(),
             artifacts=tuple(entries),
+        )
+
+
+    def usage(self) -> DomainUsage:
+        """A cheap summary: counts from one directory listing and one read of the kernel's lock table."""
+        lock_table = LockTable.read()
+        artifacts = leased = leases = 0
+        for name in _list(self._layout.artifacts):
+            if not _is_key(name):
+                continue
+            artifacts += 1
+            holders = lock_table.holders.get(inode_id(self._layout.artifact_lock(name)), 0)
+            leased += holders > 0
+            leases += holders
+        snapshot = self._capacity.snapshot()
+        return DomainUsage(
+            storage_class=self._domain.storage_class.value,
+            artifacts=artifacts,
+            leased_artifacts=leased,
+            live_leases=leases,
+            store_bytes=snapshot.store_bytes,
+            free_bytes=snapshot.free_bytes,
+            total_bytes=snapshot.total_bytes,
+            max_store_bytes=snapshot.policy.max_store_bytes,
+            min_free_bytes=snapshot.policy.min_free_bytes,
         )
 
 

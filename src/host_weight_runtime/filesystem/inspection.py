@@ -20,6 +20,7 @@ class ArtifactState(str, enum.Enum):
     INVALID = "invalid"
     QUARANTINED = "quarantined"
     TEMPORARY = "temporary"
+    EVICTING = "evicting"
     MISSING = "missing"
 
 
@@ -47,6 +48,8 @@ class ArtifactInspection:
     model_id: str | None = None
     tensor_count: int | None = None
     problem: HostWeightFailure | None = None
+    last_used_ns: int | None = None
+    live_leases: int = 0
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
@@ -59,6 +62,40 @@ class ArtifactInspection:
             "model_id": self.model_id,
             "tensor_count": self.tensor_count,
             "problem": None if self.problem is None else self.problem.to_dict(),
+            "last_used_ns": self.last_used_ns,
+            "live_leases": self.live_leases,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DomainUsage:
+    """A cheap summary of a domain (no validation, no hashing): what metrics and dashboards show.
+
+    `leased_artifacts` counts published artifacts with at least one live lease; `live_leases`
+    counts the leases (shared locks) on them, across every process on the node.
+    """
+
+    storage_class: str
+    artifacts: int
+    leased_artifacts: int
+    live_leases: int
+    store_bytes: int
+    free_bytes: int
+    total_bytes: int
+    max_store_bytes: int | None
+    min_free_bytes: int
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            "storage_class": self.storage_class,
+            "artifacts": self.artifacts,
+            "leased_artifacts": self.leased_artifacts,
+            "live_leases": self.live_leases,
+            "store_bytes": self.store_bytes,
+            "free_bytes": self.free_bytes,
+            "total_bytes": self.total_bytes,
+            "max_store_bytes": self.max_store_bytes,
+            "min_free_bytes": self.min_free_bytes,
         }
 
 

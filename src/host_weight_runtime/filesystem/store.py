@@ -12,7 +12,8 @@ The store is the front door; each of its jobs lives in one private module:
 - `_build`: the build lock, join, quarantine-and-rebuild, and running the producer into staging;
 - `_publication`: sealing staging (manifest, READY, permissions, fsync) and the commit rename;
 - `_deny`: deny markers for artifacts that failed validation;
-- `_maintenance`: cleanup and inspection.
+- `_maintenance`: cleanup and inspection;
+- `_eviction`, `_usage`, `garbage`: the usage ledger, LRU eviction that honours leases, and `gc`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..config import CapacityPolicy, HostWeightRuntimeConfig, StorageClass
+from ..config import CapacityPolicy, EvictionPolicy, HostWeightRuntimeConfig, StorageClass
 from ..failures import FailureCode, HostWeightError, ResolutionStage, failure
 from ..identity import WeightArtifactIdentity
 from ..lease import LeaseSource
@@ -29,12 +30,14 @@ from ..protocols import BuildRequest, CoordinationScope, WeightProducer
 from ..tensors import ValidationLevel
 from ._build import ArtifactBuilder
 from ._deny import DenyMarkers
+from ._eviction import Evictor
 from ._layout import DomainLayout
 from ._lookup import ArtifactLookup
 from ._maintenance import DomainMaintenance
 from .capacity import CapacityGuard
 from .domain import DomainInfo, MountTable, open_domain
-from .inspection import ArtifactInspection, DomainInspection
+from .garbage import DEFAULT_QUARANTINE_RETENTION_S, GarbageCollector, GcPlan, GcResult
+from .inspection import ArtifactInspection, DomainInspection, DomainUsage
 
 __all__ = ["FilesystemHostWeightStore"]
 
@@ -52,7 +55,10 @@ class FilesystemHostWeightStore:
         init_timeout_s: float = 30.0,
         mount_table: MountTable | None = None,
         hash_threads: int | None = None,
+        eviction: EvictionPolicy = EvictionPolicy.LRU,
     ) -> None:
+        if not isinstance(eviction, EvictionPolicy):
+            raise ValueError(f"eviction must be an EvictionPolicy, got {eviction!r}")
         if scope is not CoordinationScope.SINGLE_PROCESS:
             raise HostWeightError(
                 failure(
@@ -71,11 +77,23 @@ class FilesystemHostWeightStore:
             mount_table=mount_table,
         )
         self._layout = DomainLayout(self._domain.root)
+        self._eviction = eviction
+        storage = self._domain.storage_class.value
         capacity_guard = CapacityGuard(self._layout, self._domain.capacity, self._domain.storage_class)
         deny = DenyMarkers(self._layout)
-        self._lookup = ArtifactLookup(self._domain.domain_id, self._layout, deny, hash_threads)
-        self._builder = ArtifactBuilder(self._layout, capacity_guard, self._lookup, deny, hash_threads)
+        evictor = Evictor(self._layout, storage)
+        self._lookup = ArtifactLookup(self._domain.domain_id, self._layout, deny, hash_threads, storage)
+        self._builder = ArtifactBuilder(
+            self._layout,
+            capacity_guard,
+            self._lookup,
+            deny,
+            hash_threads,
+            evictor=evictor if eviction is EvictionPolicy.LRU else None,
+            storage_class=storage,
+        )
         self._maintenance = DomainMaintenance(self._domain, self._layout, capacity_guard, deny, hash_threads)
+        self._garbage = GarbageCollector(self._layout, capacity_guard, evictor)
 
     @classmethod
     def from_config(cls, config: HostWeightRuntimeConfig) -> FilesystemHostWeightStore:
@@ -84,6 +102,7 @@ class FilesystemHostWeightStore:
             storage_class=config.storage_class,
             capacity=config.capacity,
             init_timeout_s=min(config.lock_timeout_s, 60.0),
+            eviction=config.eviction,
         )
 
     @property
@@ -97,6 +116,11 @@ class FilesystemHostWeightStore:
     @property
     def layout(self) -> DomainLayout:
         return self._layout
+
+    @property
+    def eviction(self) -> EvictionPolicy:
+        """What a build does when the domain is full (HWR_EVICTION)."""
+        return self._eviction
 
     # ------------------------------------------------------------------ lookup and build
 
@@ -155,3 +179,29 @@ class FilesystemHostWeightStore:
     def inspect_domain(self) -> DomainInspection:
         """Inventory of ready, denied, quarantined and temporary artifacts, with capacity."""
         return self._maintenance.inspect_domain()
+
+    def usage(self) -> DomainUsage:
+        """A cheap summary (counts, bytes, live leases) without validating or hashing anything."""
+        return self._maintenance.usage()
+
+    # ------------------------------------------------------------------ garbage collection
+
+    def plan_gc(
+        self,
+        *,
+        max_bytes: int | None = None,
+        older_than_s: float | None = None,
+        quarantine_older_than_s: float = DEFAULT_QUARANTINE_RETENTION_S,
+    ) -> GcPlan:
+        """What `execute_gc` would free: unleased artifacts (LRU down to `max_bytes`, or unused for longer
+        than `older_than_s`), stale deny markers, old quarantined copies and dead builds' leftovers. Read-only."""
+        return self._garbage.plan(
+            max_bytes=max_bytes, older_than_s=older_than_s, quarantine_older_than_s=quarantine_older_than_s
+        )
+
+    def execute_gc(self, plan: GcPlan, *, deadline: float | None = None) -> GcResult:
+        """Remove exactly the planned items that are still as planned; a lease that appeared keeps its artifact.
+
+        `deadline` bounds the wait for the domain's capacity lock (held while a build reserves space).
+        """
+        return self._garbage.execute(plan, deadline=deadline)

@@ -63,6 +63,7 @@ class StagingArtifactWriter:
         "_hash_threads",
         "_lock",
         "_pool",
+        "_reservation_guard",
         "_reserve",
         "_staging_dir",
         "_tensor_names",
@@ -75,6 +76,7 @@ class StagingArtifactWriter:
         reserve: Callable[[int], None],
         chunk_bytes: int = DIGEST_CHUNK_BYTES,
         hash_threads: int | None = None,
+        reservation_guard: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         if type(chunk_bytes) is not int or chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
@@ -82,6 +84,7 @@ class StagingArtifactWriter:
             raise ValueError(f"hash_threads must be None or a positive int, got {hash_threads!r}")
         self._staging_dir = Path(staging_dir)
         self._reserve = reserve
+        self._reservation_guard = reservation_guard
         self._chunk_bytes = chunk_bytes
         self._hash_threads = hash_threads
         self._lock = threading.Lock()
@@ -206,10 +209,13 @@ class StagingArtifactWriter:
         return file_writer
 
     def _create(self, name: str, layout: FileLayout, ordered: bool) -> StagingTensorFileWriter:
-        self._reserve(layout.size)  # capacity failures propagate unchanged (and are recorded)
-        with self._lock:
-            self._bytes_reserved += layout.size
-        return create_tensor_file(self, self._staging_dir, name, layout, ordered=ordered)
+        # The guard (the store's capacity lock) spans the check and the preallocation, so the
+        # preallocated file is the reservation the next builder counts.
+        with self._reservation_guard():
+            self._reserve(layout.size)  # capacity failures propagate unchanged (and are recorded)
+            with self._lock:
+                self._bytes_reserved += layout.size
+            return create_tensor_file(self, self._staging_dir, name, layout, ordered=ordered)
 
     def finish(self) -> tuple[WrittenFile, ...]:
         """All files closed, complete and fsynced (and their names durable); returns them in open order."""
