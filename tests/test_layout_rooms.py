@@ -26,6 +26,7 @@ CONTRACTS = "contracts"
 STORE = "store"
 POLICY = "policy"
 REMOTE = "remote"
+OPERATIONS = "operations"
 ADAPTERS = "adapters"
 APPLICATION = "application"
 TESTING = "testing"
@@ -37,6 +38,7 @@ ROOM_PREFIXES: dict[str, str] = {
     f"{PACKAGE}.runtime": POLICY,
     f"{PACKAGE}._resolution": POLICY,
     f"{PACKAGE}.remote": REMOTE,
+    f"{PACKAGE}.metrics": OPERATIONS,
     f"{PACKAGE}.diffusion": ADAPTERS,
     f"{PACKAGE}.cli": APPLICATION,
     f"{PACKAGE}.tools": APPLICATION,
@@ -47,12 +49,13 @@ ROOM_PREFIXES: dict[str, str] = {
 ALLOWED: dict[str, frozenset[str]] = {
     CONTRACTS: frozenset({CONTRACTS}),
     STORE: frozenset({CONTRACTS, STORE}),
-    POLICY: frozenset({CONTRACTS, POLICY, STORE, REMOTE}),
+    POLICY: frozenset({CONTRACTS, POLICY, STORE, REMOTE, OPERATIONS}),
     REMOTE: frozenset({CONTRACTS, REMOTE, STORE}),
-    ADAPTERS: frozenset({CONTRACTS, STORE, POLICY, REMOTE, ADAPTERS, PACKAGE_ROOT}),
-    APPLICATION: frozenset({CONTRACTS, STORE, POLICY, REMOTE, ADAPTERS, APPLICATION, PACKAGE_ROOT}),
+    OPERATIONS: frozenset({CONTRACTS, STORE, POLICY, OPERATIONS}),
+    ADAPTERS: frozenset({CONTRACTS, STORE, POLICY, REMOTE, OPERATIONS, ADAPTERS, PACKAGE_ROOT}),
+    APPLICATION: frozenset({CONTRACTS, STORE, POLICY, REMOTE, OPERATIONS, ADAPTERS, APPLICATION, PACKAGE_ROOT}),
     TESTING: frozenset({CONTRACTS, STORE, TESTING, PACKAGE_ROOT}),
-    PACKAGE_ROOT: frozenset({CONTRACTS, STORE, POLICY, REMOTE, PACKAGE_ROOT}),
+    PACKAGE_ROOT: frozenset({CONTRACTS, STORE, POLICY, REMOTE, OPERATIONS, PACKAGE_ROOT}),
 }
 
 
@@ -121,6 +124,7 @@ def test_every_import_stays_inside_the_rooms_its_room_may_use() -> None:
     ("module", "source", "target"),
     [
         (f"{PACKAGE}.manifest", "from .filesystem.store import FilesystemHostWeightStore", f"{PACKAGE}.filesystem.store"),
+        (f"{PACKAGE}.filesystem._lookup", "from ..metrics import register_metrics", f"{PACKAGE}.metrics"),
         (f"{PACKAGE}.filesystem._build", "from ..runtime import HostWeightRuntime", f"{PACKAGE}.runtime"),
         (f"{PACKAGE}.filesystem._build", "def f():\n    from ..diffusion import loader\n", f"{PACKAGE}.diffusion"),
         (f"{PACKAGE}.diffusion.loader", "from ..cli import main", f"{PACKAGE}.cli"),
