@@ -5,15 +5,18 @@ The multi-process group tests (torch.distributed gloo) are in tests/test_diffusi
 
 from __future__ import annotations
 
-import dataclasses
+import multiprocessing
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from host_weight_runtime._faults import Fault, FaultAction, armed
 from host_weight_runtime.config import RuntimeMode
-from host_weight_runtime.diffusion import FINAL_LAYOUT_BF16_POLICY, FinalLayoutParallelIdentity
-from host_weight_runtime.diffusion.identity_adapter import FinalLayoutIdentityContext
+from host_weight_runtime.diffusion import FinalLayoutParallelIdentity
 from host_weight_runtime.diffusion.parallel import (
     ShardStyle,
     TensorParallelPlan,
@@ -21,14 +24,28 @@ from host_weight_runtime.diffusion.parallel import (
     plan_for_model,
     resolve_tensor_shards,
 )
-from host_weight_runtime.diffusion.parallel.ranks import identify_ranks, localize_for_rank
+from host_weight_runtime.diffusion.parallel.bundle import FinalLayoutBF16BundleProducer
+from host_weight_runtime.diffusion.parallel.ranks import localize_for_rank
+from host_weight_runtime.diffusion.producers._checkpoint import read_safetensors_header
 from host_weight_runtime.diffusion.producers.checkpoint_stream import FinalLayoutBF16CheckpointProducer
 from host_weight_runtime.diffusion.producers.finalized import FinalLayoutBF16Producer
 from host_weight_runtime.diffusion.restorer import FinalLayoutTensorRestorer
 from host_weight_runtime.failures import FailureCode, HostWeightError
-from host_weight_runtime.outcomes import ResolutionOutcome
+from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
+from host_weight_runtime.outcomes import ResolutionOutcome, StoreResult, StoreStatus
+from host_weight_runtime.protocols import BuildRequest
+from host_weight_runtime.tensors import ValidationLevel
 
 from ._diffusion import DIT, Folder, Pipeline, identity_context, runtime_at, save_folder
+from ._tp_children import bundle_crash_child, rank_contexts
+
+META = ValidationLevel.MANIFEST_AND_METADATA
+WAIT_S = 60.0
+CHILD_S = 120.0
+
+
+def soon() -> float:
+    return time.monotonic() + WAIT_S
 
 KINDS = ("flux", "flux2", "sd3", "wan", "minimax_h3")
 FLUX_TP4 = {"num_attention_heads": 4, "attention_head_dim": 8, "axes_dims_rope": (2, 2, 4)}
@@ -38,27 +55,6 @@ FLUX_TP4 = {"num_attention_heads": 4, "attention_head_dim": 8, "axes_dims_rope":
 @pytest.fixture(scope="module")
 def flux(tmp_path_factory: pytest.TempPathFactory) -> Folder:
     return save_folder(tmp_path_factory.mktemp("tp-flux"), "flux", seed=3, config_overrides=FLUX_TP4)
-
-
-def rank_contexts(
-    folder: Folder, size: int, plan: TensorParallelPlan | None = None
-) -> tuple[Pipeline, tuple[FinalLayoutIdentityContext, ...]]:
-    """Every rank's identity context on one localized `meta` skeleton of `folder`."""
-    skeleton = folder.skeleton()
-    holder = Pipeline(skeleton)
-    base = identity_context(Pipeline(folder.skeleton()), folder.source()).request
-    request = dataclasses.replace(base, parallel=FinalLayoutParallelIdentity(tensor_parallel_size=size))
-    contexts = identify_ranks(
-        holder,
-        dit_name=DIT,
-        skeleton=skeleton,
-        prepared_sources=[folder.source()],
-        request=request,
-        policy=FINAL_LAYOUT_BF16_POLICY,
-        ranks=list(range(size)),
-        plan=plan,
-    )
-    return holder, contexts
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -134,3 +130,116 @@ def test_per_rank_artifacts_hold_exactly_their_slices_and_restore(tmp_path: Path
         for name, tensor in holder.get_submodule(DIT).named_parameters():
             assert torch.equal(tensor, lease.tensors[f"{DIT}.{name}"]), name
         lease.close()
+
+
+# ----------------------------------------------------------------------------- ARTIFACT_BUNDLE
+
+
+def _bundle_store(root: Path) -> FilesystemHostWeightStore:
+    return FilesystemHostWeightStore(root)
+
+
+def test_bundle_builds_every_rank_in_one_pass(tmp_path: Path, flux: Folder) -> None:
+    """D05: one bundle producer reads each owned tensor once and publishes all ranks; each equals the per-rank
+    streamed artifact byte for byte; a second call is a HIT and builds nothing."""
+    _, contexts = rank_contexts(flux, 2)
+    store = _bundle_store(tmp_path / "hwr")
+    bundle = FinalLayoutBF16BundleProducer(contexts, chunk_bytes=96)
+    built = store.get_or_build(BuildRequest(contexts[1].identity), bundle, validation=META, deadline=soon())
+    assert built.status is StoreStatus.BUILT and built.lease is not None
+    built.lease.close()
+    checkpoint = read_safetensors_header(flux.weights)
+    assert bundle.bytes_read == sum(entry.end - entry.begin for entry in checkpoint.values())
+    single = _bundle_store(tmp_path / "single")
+    for context in contexts:
+        found = store.lookup(context.identity, validation=META)
+        assert found.status is StoreStatus.HIT and found.lease is not None
+        alone = single.get_or_build(
+            BuildRequest(context.identity), FinalLayoutBF16CheckpointProducer(context), validation=META, deadline=soon()
+        )
+        assert alone.lease is not None
+        assert alone.lease.manifest.content_digest == found.lease.manifest.content_digest
+        alone.lease.close()
+        found.lease.close()
+    bundle.bytes_read = 0
+    again = store.get_or_build(BuildRequest(contexts[0].identity), bundle, validation=META, deadline=soon())
+    assert again.status is StoreStatus.HIT and bundle.bytes_read == 0
+    assert again.lease is not None
+    again.lease.close()
+
+
+def test_bundle_joiner_of_another_output_waits_for_the_bundle(tmp_path: Path, flux: Folder) -> None:
+    """S15: while a bundle builds, a single-rank build of another of its outputs waits and then JOINS it."""
+    _, contexts = rank_contexts(flux, 2)
+    store = _bundle_store(tmp_path / "hwr")
+    reached = threading.Event()
+    release = threading.Event()
+    joiner_waiting = threading.Event()
+
+    def pause(point: str) -> None:
+        reached.set()
+        assert release.wait(WAIT_S)
+
+    results: dict[str, StoreResult] = {}
+
+    def bundle_build() -> None:
+        bundle = FinalLayoutBF16BundleProducer(contexts)
+        results["bundle"] = store.get_or_build(
+            BuildRequest(contexts[0].identity), bundle, validation=META, deadline=soon()
+        )
+
+    def join() -> None:
+        producer = FinalLayoutBF16CheckpointProducer(contexts[1])
+        results["joiner"] = store.get_or_build(
+            BuildRequest(contexts[1].identity), producer, validation=META, deadline=soon()
+        )
+
+    with armed("bundle.staging_created", Fault(FaultAction.PAUSE, hook=pause)):
+        builder = threading.Thread(target=bundle_build)
+        builder.start()
+        assert reached.wait(WAIT_S)
+        with armed("build.waiting_for_lock", Fault(FaultAction.PAUSE, hook=lambda _p: joiner_waiting.set())):
+            joiner = threading.Thread(target=join)
+            joiner.start()
+            assert joiner_waiting.wait(WAIT_S)
+            assert "joiner" not in results
+            release.set()
+            builder.join(WAIT_S)
+            joiner.join(WAIT_S)
+    assert results["bundle"].status is StoreStatus.BUILT
+    assert results["joiner"].status is StoreStatus.JOINED
+    for result in results.values():
+        assert result.lease is not None
+        result.lease.close()
+
+
+@pytest.mark.parametrize(("crashes_after", "published"), [(0, 0), (1, 1)])
+def test_bundle_crash_publishes_none_or_a_consistent_subset(
+    tmp_path: Path, flux: Folder, crashes_after: int, published: int
+) -> None:
+    """S16: a bundle builder killed before its first commit publishes nothing; killed between commits, only
+    complete, valid outputs; the next bundle builds exactly the rest."""
+    root = tmp_path / "hwr"
+    context = multiprocessing.get_context("spawn")
+    child = context.Process(target=bundle_crash_child, args=(str(flux.root), str(root), crashes_after))
+    child.start()
+    child.join(CHILD_S)
+    assert child.exitcode == -signal.SIGKILL
+    _, contexts = rank_contexts(flux, 2)
+    store = _bundle_store(root)
+    missing = []
+    for rank_context in contexts:
+        found = store.lookup(rank_context.identity, validation=ValidationLevel.FULL_CHECKSUM)
+        assert found.status in (StoreStatus.HIT, StoreStatus.MISS)
+        if found.lease is None:
+            missing.append(rank_context.identity)
+        else:
+            found.lease.close()
+    assert len(contexts) - len(missing) == published
+    bundle = FinalLayoutBF16BundleProducer(contexts)
+    rebuilt = store.get_or_build(BuildRequest(missing[0]), bundle, validation=META, deadline=soon())
+    assert rebuilt.status is StoreStatus.BUILT and rebuilt.lease is not None
+    rebuilt.lease.close()
+    for rank_context in contexts:
+        assert store.lookup(rank_context.identity, validation=META).status is StoreStatus.HIT
+    assert not list(store.layout.staging_dirs(contexts[0].identity.key))

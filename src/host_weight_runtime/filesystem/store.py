@@ -10,6 +10,7 @@ The store is the front door; each of its jobs lives in one private module:
 
 - `_lookup`: validate a published artifact and map it into a lease (`ArtifactLookup.make_lease`);
 - `_build`: the build lock, join, quarantine-and-rebuild, and running the producer into staging;
+- `_bundle`: ARTIFACT_BUNDLE builds, one producer pass for several outputs, each published atomically;
 - `_publication`: sealing staging (manifest, READY, permissions, fsync) and the commit rename;
 - `_deny`: deny markers for artifacts that failed validation;
 - `_maintenance`: cleanup and inspection.
@@ -25,9 +26,10 @@ from ..failures import FailureCode, HostWeightError, ResolutionStage, failure
 from ..identity import WeightArtifactIdentity
 from ..lease import LeaseSource
 from ..outcomes import CleanupResult, StoreResult
-from ..protocols import BuildRequest, CoordinationScope, WeightProducer
+from ..protocols import BuildRequest, CoordinationScope, WeightBundleProducer, WeightProducer
 from ..tensors import ValidationLevel
 from ._build import ArtifactBuilder
+from ._bundle import BundleBuilder
 from ._deny import DenyMarkers
 from ._layout import DomainLayout
 from ._lookup import ArtifactLookup
@@ -75,6 +77,7 @@ class FilesystemHostWeightStore:
         deny = DenyMarkers(self._layout)
         self._lookup = ArtifactLookup(self._domain.domain_id, self._layout, deny, hash_threads)
         self._builder = ArtifactBuilder(self._layout, capacity_guard, self._lookup, deny, hash_threads)
+        self._bundles = BundleBuilder(self._layout, capacity_guard, self._lookup, hash_threads)
         self._maintenance = DomainMaintenance(self._domain, self._layout, capacity_guard, deny, hash_threads)
 
     @classmethod
@@ -118,7 +121,14 @@ class FilesystemHostWeightStore:
         validation: ValidationLevel,
         deadline: float,
     ) -> StoreResult:
-        """HIT if published; else build once under the build lock (BUILT) or join another builder (JOINED)."""
+        """HIT if published; else build once under the build lock (BUILT) or join another builder (JOINED).
+
+        An ARTIFACT_BUNDLE `WeightBundleProducer` builds all its missing outputs in one pass.
+        """
+        if producer.spec.coordination_scope is CoordinationScope.ARTIFACT_BUNDLE and isinstance(
+            producer, WeightBundleProducer
+        ):
+            return self._bundles.get_or_build(request, producer, validation=validation, deadline=deadline)
         return self._builder.get_or_build(request, producer, validation=validation, deadline=deadline)
 
     def _build_locked(
