@@ -467,6 +467,7 @@ def load_component(
     cache_dir: str | os.PathLike[str] | None = None,
     stream_on_miss: bool | None = None,
     publish_in_background: bool = False,
+    process_group: Any = None,
 ) -> LoadedComponent:
     """Load a diffusers model component through the node's host weight artifact.
 
@@ -482,7 +483,25 @@ def load_component(
     (`LoadedComponent.background_publication`). When this node has never hashed the
     checkpoint files, no artifact can exist for them here, so the hashing moves to that
     thread too and the first worker starts as fast as a plain `from_pretrained`.
+
+    With `parallel.tensor_parallel_size > 1` (torch.distributed initialized) this rank loads its
+    own artifact and returns a parallelized model; `process_group=` makes the group's ranks
+    resolve together (GROUP_COHORT, see `diffusion/parallel/loader.py`).
     """
+    if isinstance(parallel, FinalLayoutParallelIdentity) and parallel.tensor_parallel_size > 1:
+        from .parallel.loader import load_tensor_parallel_component
+
+        loaded: LoadedComponent = load_tensor_parallel_component(
+            model_or_path,
+            parallel=parallel,
+            runtime=runtime if runtime is not None else HostWeightRuntime.from_env(),
+            subfolder=subfolder,
+            revision=revision,
+            cache_dir=Path(cache_dir) if cache_dir is not None else None,
+            stream_on_miss=stream_on_miss,
+            process_group=process_group,
+        )
+        return loaded
     started = time.monotonic()
     _check_arguments(torch_dtype, parallel)
     runtime = runtime if runtime is not None else HostWeightRuntime.from_env()
