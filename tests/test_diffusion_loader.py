@@ -464,7 +464,8 @@ def test_bf16_only(tmp_path: Path, pipeline: Path) -> None:
 
 
 def test_tensor_parallel_is_refused(tmp_path: Path, pipeline: Path) -> None:
-    """D14/D06: load_component does not shard; tensor_parallel_size=2 is a ValueError."""
+    """D14/D06: tensor_parallel_size=2 without torch.distributed initialized is a ValueError before anything is
+    touched (the TP path itself is tested in tests/test_diffusion_tp_group.py)."""
     root = tmp_path / "domain"
     parallel = FinalLayoutParallelIdentity(tensor_parallel_size=2, tensor_parallel_rank=1)
     with pytest.raises(ValueError, match="tensor_parallel_size"):

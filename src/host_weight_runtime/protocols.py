@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ArtifactWriter",
     "BuildRequest",
+    "BundleWriter",
     "CoordinationScope",
     "HostWeightStore",
     "LookupPhase",
@@ -35,6 +36,7 @@ __all__ = [
     "TensorKind",
     "TensorWriteSpec",
     "ValidationLevel",
+    "WeightBundleProducer",
     "WeightProducer",
     "WeightProductionSpec",
     "WeightRestorePlan",
@@ -149,6 +151,36 @@ class WeightProducer(Protocol):
     def produce(self, writer: ArtifactWriter) -> ProductionMetadata:
         """Produce one exact artifact synchronously or raise."""
         ...
+
+
+@runtime_checkable
+class BundleWriter(Protocol):
+    """The writers of one ARTIFACT_BUNDLE build: one staging `ArtifactWriter` per output still to publish.
+
+    Outputs already published when the bundle started are absent from `outputs`; a producer
+    writes every output listed there and nothing else.
+    """
+
+    @property
+    def outputs(self) -> tuple[WeightArtifactIdentity, ...]: ...
+
+    def writer_for(self, identity: WeightArtifactIdentity) -> ArtifactWriter: ...
+
+
+@runtime_checkable
+class WeightBundleProducer(Protocol):
+    """An ARTIFACT_BUNDLE producer: one pass over its source writes every listed output.
+
+    It returns each written output's metadata keyed by identity key; the store seals and
+    publishes each output atomically, so a crash leaves none or a consistent subset.
+    """
+
+    @property
+    def spec(self) -> WeightProductionSpec: ...
+
+    def produce(self, writer: ArtifactWriter) -> ProductionMetadata: ...
+
+    def produce_bundle(self, writers: BundleWriter) -> dict[str, ProductionMetadata]: ...
 
 
 @dataclass(frozen=True, slots=True)

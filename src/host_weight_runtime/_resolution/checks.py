@@ -6,11 +6,13 @@ import math
 
 from ..failures import FailureCode, HostWeightFailure, ResolutionStage, failure
 from ..identity import WeightArtifactIdentity
-from ..protocols import CoordinationScope, WeightProducer
+from ..protocols import CoordinationScope, WeightBundleProducer, WeightProducer
 
 __all__ = ["check_identity", "check_producer", "deadline_from", "producer_rejection"]
 
 _UNSUPPORTED_SCOPES = frozenset({CoordinationScope.GROUP_COHORT, CoordinationScope.ARTIFACT_BUNDLE})
+"""Scopes a producer cannot declare; ARTIFACT_BUNDLE is allowed for a `WeightBundleProducer`, and a group
+cohort is coordinated above the runtime (it is not a property of one producer)."""
 
 
 def check_identity(identity: object) -> None:
@@ -37,7 +39,10 @@ def producer_rejection(
 ) -> HostWeightFailure | None:
     """Refuse producers V1 cannot run correctly (S24) or that do not make this identity."""
     spec = producer.spec
-    if spec.coordination_scope in _UNSUPPORTED_SCOPES:
+    bundle = spec.coordination_scope is CoordinationScope.ARTIFACT_BUNDLE and isinstance(
+        producer, WeightBundleProducer
+    )
+    if spec.coordination_scope in _UNSUPPORTED_SCOPES and not bundle:
         return failure(
             stage,
             FailureCode.UNSUPPORTED,

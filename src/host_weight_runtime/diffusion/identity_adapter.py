@@ -10,7 +10,7 @@ it (D05): `FinalLayoutIdentityContext.built_from` records them for the manifest 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +30,7 @@ from .contracts import (
     FinalLayoutTensorPolicy,
 )
 from .models import contract_for_model
+from .parallel.plan import TensorParallelPlan, TensorShard
 from .source_identity import (
     FinalLayoutSourceContext,
     NodeSourceDigestCache,
@@ -59,6 +60,8 @@ class FinalLayoutIdentityContext:
     tensor_names: frozenset[str]
     tensors: tuple[FinalLayoutTensor, ...]
     tensor_sources: Mapping[str, tuple[int, str]]
+    tensor_shards: Mapping[str, TensorShard] = field(default_factory=dict)
+    """Final-layout name -> this rank's shard, for tensors a tensor-parallel plan splits (empty at TP=1)."""
 
     def ensure_sources_unchanged(self) -> None:
         """Raise CANONICAL_SOURCE_FAILED when a source file changed since the identity was built."""
@@ -131,8 +134,15 @@ def build_final_layout_identity(
     request: FinalLayoutRequest,
     policy: FinalLayoutTensorPolicy,
     source_digest_cache: NodeSourceDigestCache | None = None,
+    tensor_parallel_plan: TensorParallelPlan | None = None,
+    tensor_shards: Mapping[str, TensorShard] | None = None,
 ) -> FinalLayoutIdentityContext:
-    """Build exact source, representation, layout, and implementation identity."""
+    """Build exact source, representation, layout, and implementation identity.
+
+    For a tensor-parallel rank, `dit_modules` are already localized (split parameters hold the
+    rank's shape), `tensor_shards` say where each split tensor comes from, and the plan enters
+    the layout, so a different plan or TP size is a different key (D05).
+    """
     if not isinstance(pipeline, torch.nn.Module):
         raise ValueError(f"pipeline must be a torch.nn.Module, got {type(pipeline).__name__}")
     if not isinstance(request, FinalLayoutRequest):
@@ -181,7 +191,11 @@ def build_final_layout_identity(
         tensor_parallel_rank=parallel.tensor_parallel_rank,
         sequence_parallel_size=parallel.sequence_parallel_size,
         sequence_parallel_backend=parallel.sequence_parallel_backend,
-        metadata=CanonicalJson.from_value(parallel.layout_metadata()),
+        metadata=CanonicalJson.from_value(
+            {**parallel.layout_metadata(), "tensor_parallel_plan": tensor_parallel_plan.to_dict()}
+            if tensor_parallel_plan is not None
+            else parallel.layout_metadata()
+        ),
     )
     identity = WeightArtifactIdentity(
         schema_version=IDENTITY_SCHEMA_VERSION,
@@ -205,6 +219,7 @@ def build_final_layout_identity(
         tensor_names=ownership.names,
         tensors=ownership.tensors,
         tensor_sources=bindings,
+        tensor_shards=dict(tensor_shards or {}),
     )
 
 

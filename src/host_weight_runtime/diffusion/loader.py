@@ -681,6 +681,7 @@ def load_component(
     parallel: FinalLayoutParallelIdentity | None = None,
     stream_on_miss: bool | None = None,
     publish_in_background: bool = False,
+    process_group: Any = None,
     **from_pretrained_kwargs: Any,
 ) -> LoadedComponent:
     """Load a diffusers model component through the node's host weight artifact.
@@ -705,9 +706,33 @@ def load_component(
     node has never hashed the checkpoint files, no artifact can exist for them here, so the
     lookup is skipped (outcome CANONICAL_FALLBACK, one SKIPPED attempt), the hashing moves to
     that thread too, and the first worker starts as fast as a plain `from_pretrained`.
+
+    With `parallel.tensor_parallel_size > 1` (torch.distributed initialized) this rank loads its
+    own artifact and returns a parallelized model; `process_group=` makes the group's ranks
+    resolve together (GROUP_COHORT, see `diffusion/parallel/loader.py`).
     """
     del token  # accepted so that a pasted call runs; nothing is downloaded, so it is never used, kept or logged
     clock = _ImportClock()
+    if isinstance(parallel, FinalLayoutParallelIdentity) and parallel.tensor_parallel_size > 1:
+        if variant is not None or from_pretrained_kwargs:
+            unsupported = "variant" if variant is not None else sorted(from_pretrained_kwargs)[0]
+            raise usage_error(
+                f"{unsupported} is not supported with tensor_parallel_size > 1 yet; pass it without tensor parallelism",
+                argument=unsupported,
+            )
+        from .parallel.loader import load_tensor_parallel_component
+
+        loaded: LoadedComponent = load_tensor_parallel_component(
+            model_or_path,
+            parallel=parallel,
+            runtime=runtime if runtime is not None else HostWeightRuntime.from_env(),
+            subfolder=subfolder,
+            revision=revision,
+            cache_dir=Path(cache_dir) if cache_dir is not None else None,
+            stream_on_miss=stream_on_miss,
+            process_group=process_group,
+        )
+        return loaded
     started = time.monotonic()
     options = check_load_arguments(
         torch_dtype=torch_dtype,

@@ -10,6 +10,7 @@ The store is the front door; each of its jobs lives in one private module:
 
 - `_lookup`: validate a published artifact and map it into a lease (`ArtifactLookup.make_lease`);
 - `_build`: the build lock, join, quarantine-and-rebuild, and running the producer into staging;
+- `_bundle`: ARTIFACT_BUNDLE builds, one producer pass for several outputs, each published atomically;
 - `_publication`: sealing staging (manifest, READY, permissions, fsync) and the commit rename;
 - `_deny`: deny markers for artifacts that failed validation;
 - `_maintenance`: cleanup and inspection;
@@ -26,9 +27,10 @@ from ..failures import FailureCode, HostWeightError, ResolutionStage, failure
 from ..identity import WeightArtifactIdentity
 from ..lease import LeaseSource
 from ..outcomes import CleanupResult, StoreResult
-from ..protocols import BuildRequest, CoordinationScope, WeightProducer
+from ..protocols import BuildRequest, CoordinationScope, WeightBundleProducer, WeightProducer
 from ..tensors import ValidationLevel
 from ._build import ArtifactBuilder
+from ._bundle import BundleBuilder
 from ._deny import DenyMarkers
 from ._eviction import Evictor
 from ._layout import DomainLayout
@@ -92,6 +94,7 @@ class FilesystemHostWeightStore:
             evictor=evictor if eviction is EvictionPolicy.LRU else None,
             storage_class=storage,
         )
+        self._bundles = BundleBuilder(self._layout, capacity_guard, self._lookup, hash_threads)
         self._maintenance = DomainMaintenance(self._domain, self._layout, capacity_guard, deny, hash_threads)
         self._garbage = GarbageCollector(self._layout, capacity_guard, evictor)
 
@@ -142,7 +145,14 @@ class FilesystemHostWeightStore:
         validation: ValidationLevel,
         deadline: float,
     ) -> StoreResult:
-        """HIT if published; else build once under the build lock (BUILT) or join another builder (JOINED)."""
+        """HIT if published; else build once under the build lock (BUILT) or join another builder (JOINED).
+
+        An ARTIFACT_BUNDLE `WeightBundleProducer` builds all its missing outputs in one pass.
+        """
+        if producer.spec.coordination_scope is CoordinationScope.ARTIFACT_BUNDLE and isinstance(
+            producer, WeightBundleProducer
+        ):
+            return self._bundles.get_or_build(request, producer, validation=validation, deadline=deadline)
         return self._builder.get_or_build(request, producer, validation=validation, deadline=deadline)
 
     def _build_locked(

@@ -17,7 +17,7 @@ import torch
 
 from ...tensors import dtype_from_code
 
-__all__ = ["CheckpointTensor", "read_rows", "read_safetensors_header"]
+__all__ = ["CheckpointTensor", "read_column_ranges", "read_rows", "read_safetensors_header"]
 
 _MAX_HEADER_BYTES = 100 * 2**20
 
@@ -101,6 +101,41 @@ def read_rows(fd: int, tensor: CheckpointTensor, start_row: int, stop_row: int) 
     if length == 0:
         return torch.empty(shape, dtype=tensor.dtype)
     return torch.frombuffer(buffer, dtype=tensor.dtype).reshape(shape)
+
+
+def _pread_exact(fd: int, view: memoryview, offset: int, tensor: CheckpointTensor) -> None:
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            raise CheckpointFormatError(f"{tensor.path} ended while reading tensor {tensor.key!r}")
+        done += got
+
+
+def read_column_ranges(
+    fd: int, tensor: CheckpointTensor, start_row: int, stop_row: int, ranges: tuple[tuple[int, int], ...]
+) -> torch.Tensor:
+    """Rows [start_row, stop_row) of a 2-D tensor, keeping only the column ranges given (a rank's columns).
+
+    One pread per row and range: only the bytes of those columns are read.
+    """
+    if len(tensor.shape) != 2:
+        raise CheckpointFormatError(f"{tensor.path}: {tensor.key!r} is not 2-D; only matrices split by column")
+    item = tensor.dtype.itemsize
+    width = sum(stop - start for start, stop in ranges)
+    rows = stop_row - start_row
+    buffer = bytearray(rows * width * item)
+    view = memoryview(buffer)
+    position = 0
+    for row in range(start_row, stop_row):
+        row_offset = tensor.begin + row * tensor.row_bytes
+        for start, stop in ranges:
+            length = (stop - start) * item
+            _pread_exact(fd, view[position : position + length], row_offset + start * item, tensor)
+            position += length
+    if not buffer:
+        return torch.empty((rows, width), dtype=tensor.dtype)
+    return torch.frombuffer(buffer, dtype=tensor.dtype).reshape(rows, width)
 
 
 def row_chunks(tensor: CheckpointTensor, chunk_bytes: int) -> Iterator[tuple[int, int]]:

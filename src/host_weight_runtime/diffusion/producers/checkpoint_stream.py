@@ -18,8 +18,16 @@ from ...protocols import (
     WeightProductionSpec,
 )
 from ..identity_adapter import FinalLayoutIdentityContext
+from ..parallel.plan import TensorShard
 from ..tensor_layout import FinalLayoutTensor
-from ._checkpoint import CheckpointFormatError, CheckpointTensor, read_rows, read_safetensors_header, row_chunks
+from ._checkpoint import (
+    CheckpointFormatError,
+    CheckpointTensor,
+    read_column_ranges,
+    read_rows,
+    read_safetensors_header,
+    row_chunks,
+)
 from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, producer_error, production_metadata, write_all
 
 DEFAULT_CHUNK_BYTES = 64 * 2**20
@@ -102,7 +110,9 @@ class FinalLayoutBF16CheckpointProducer:
         for tensor in context.tensors:
             entry = index[tensor.name]
             final = context.policy.final_dtype(tensor.local_name, entry.dtype, self._keep_fp32(tensor))
-            if entry.shape != tensor.shape or final != tensor.dtype:
+            shard = context.tensor_shards.get(tensor.name)
+            shape = entry.shape if shard is None else shard.local_shape(entry.shape)
+            if shape != tensor.shape or final != tensor.dtype:
                 raise producer_error(
                     FailureCode.PRODUCER_FAILED,
                     f"{tensor.name}: the checkpoint holds {entry.dtype} {list(entry.shape)}, which the policy turns "
@@ -123,6 +133,10 @@ class FinalLayoutBF16CheckpointProducer:
                 if not tensor.shape:
                     file_writer.write_tensor(tensor.name, read_rows(fd, entry, 0, 0).to(tensor.dtype))
                     return
+                shard = context.tensor_shards.get(tensor.name)
+                if shard is not None:
+                    self._write_shard(file_writer, tensor, entry, fd, shard)
+                    return
                 for start, stop in row_chunks(entry, self._chunk_bytes):
                     self.largest_chunk_bytes = max(self.largest_chunk_bytes, (stop - start) * entry.row_bytes)
                     rows = read_rows(fd, entry, start, stop)
@@ -136,3 +150,30 @@ class FinalLayoutBF16CheckpointProducer:
                 os.close(fd)
         context.ensure_sources_unchanged()
         return production_metadata(context, ProductionSourceMode.CHECKPOINT_STREAM.value)
+
+    def _write_shard(
+        self,
+        file_writer: TensorFileWriter,
+        tensor: FinalLayoutTensor,
+        entry: CheckpointTensor,
+        fd: int,
+        shard: TensorShard,
+    ) -> None:
+        """Read only this rank's rows (dim 0) or columns (dim 1) of a split tensor, in bounded chunks."""
+        per_chunk = max(1, self._chunk_bytes // max(entry.row_bytes, 1))
+        if shard.dim == 0:
+            local_row = 0
+            for first, last in shard.ranges():
+                for start in range(first, last, per_chunk):
+                    stop = min(last, start + per_chunk)
+                    self.largest_chunk_bytes = max(self.largest_chunk_bytes, (stop - start) * entry.row_bytes)
+                    rows = read_rows(fd, entry, start, stop)
+                    file_writer.write_rows(tensor.name, local_row, rows.to(tensor.dtype))
+                    local_row += stop - start
+            return
+        ranges = shard.ranges()
+        for start in range(0, entry.shape[0], per_chunk):
+            stop = min(entry.shape[0], start + per_chunk)
+            rows = read_column_ranges(fd, entry, start, stop, ranges)
+            self.largest_chunk_bytes = max(self.largest_chunk_bytes, rows.numel() * entry.dtype.itemsize)
+            file_writer.write_rows(tensor.name, start, rows.to(tensor.dtype))

@@ -1,0 +1,315 @@
+"""Tensor-parallel sharding plans: which Linear of a DiT is split along which dimension.
+
+A plan is a value: rules `(module pattern, colwise|rowwise, blocks)`, where a pattern may
+hold one `*` standing for a `ModuleList` index. Colwise splits a Linear's weight and bias
+along dim 0 (output features); rowwise splits the weight along dim 1 (input features) and
+keeps the bias whole (it is added after the all-reduce). Packed blocks split each fused
+block separately, so rank r holds the r-th slice of every block. Every tensor no rule
+names is replicated. The plan's `to_dict()` enters the layout identity, so a different
+plan or TP size is a different key (D05). Nothing here imports `torch.distributed`.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ...canonical_json import CanonicalJson, JsonValue
+from ...failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage
+
+__all__ = [
+    "FIRST_CLASS_TENSOR_PARALLEL_PLANS",
+    "ShardStyle",
+    "TensorParallelPlan",
+    "TensorParallelRule",
+    "TensorShard",
+    "localize_module",
+    "plan_for_model",
+    "register_tensor_parallel_plan",
+    "resolve_tensor_shards",
+]
+
+
+class ShardStyle(str, enum.Enum):
+    """How one Linear is split: `parallelize_module`'s ColwiseParallel or RowwiseParallel."""
+
+    COLWISE = "colwise"
+    ROWWISE = "rowwise"
+
+
+def plan_error(message: str, **details: JsonValue) -> HostWeightError:
+    """A typed UNSUPPORTED refusal raised before anything is read or written."""
+    return HostWeightError(
+        HostWeightFailure(
+            ResolutionStage.CONFIGURATION, FailureCode.UNSUPPORTED, False, message, CanonicalJson.from_value(details)
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TensorParallelRule:
+    """One planned Linear (or family of Linears, with one `*` for a block index).
+
+    `blocks` are proportional sizes of fused projections along the split dimension (empty:
+    one block). `packed_attribute=True` reads absolute block sizes from the module's
+    `_tp_packed_col_blocks` / `_tp_packed_row_blocks`, as diffusers' models declare them.
+    """
+
+    pattern: str
+    style: ShardStyle
+    blocks: tuple[int, ...] = ()
+    packed_attribute: bool = False
+
+    def __post_init__(self) -> None:
+        if type(self.pattern) is not str or not self.pattern or self.pattern.count("*") > 1:
+            raise ValueError(f"rule pattern {self.pattern!r} must be a non-empty module path with at most one '*'")
+        if not isinstance(self.style, ShardStyle):
+            raise ValueError("TensorParallelRule.style must be a ShardStyle")
+        if type(self.blocks) is not tuple or any(type(b) is not int or b <= 0 for b in self.blocks):
+            raise ValueError("TensorParallelRule.blocks must be a tuple of positive ints")
+
+    def matches(self, module_name: str) -> bool:
+        regex = "^" + r"[0-9]+".join(re.escape(part) for part in self.pattern.split("*")) + "$"
+        return re.match(regex, module_name) is not None
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            "pattern": self.pattern,
+            "style": self.style.value,
+            "blocks": list(self.blocks),
+            "packed_attribute": self.packed_attribute,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TensorParallelPlan:
+    """A named set of rules; part of the layout identity of every TP artifact."""
+
+    name: str
+    rules: tuple[TensorParallelRule, ...]
+
+    def __post_init__(self) -> None:
+        if type(self.name) is not str or not self.name:
+            raise ValueError("TensorParallelPlan.name must be a non-empty str")
+        if (
+            type(self.rules) is not tuple
+            or not self.rules
+            or any(not isinstance(rule, TensorParallelRule) for rule in self.rules)
+        ):
+            raise ValueError("TensorParallelPlan.rules must be a non-empty tuple of TensorParallelRule")
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {"name": self.name, "rules": [rule.to_dict() for rule in self.rules]}
+
+    def rule_for(self, module_name: str) -> TensorParallelRule | None:
+        return next((rule for rule in self.rules if rule.matches(module_name)), None)
+
+    @classmethod
+    def from_diffusers(cls, name: str, tp_plan: Mapping[str, object]) -> TensorParallelPlan:
+        """A plan from a diffusers model class's `_tp_plan` (strings or Packed*Parallel markers)."""
+        rules: list[TensorParallelRule] = []
+        for pattern, style in tp_plan.items():
+            if isinstance(style, str):
+                rules.append(TensorParallelRule(pattern, ShardStyle(style)))
+                continue
+            kind = type(style).__name__
+            if kind not in ("PackedColwiseParallel", "PackedRowwiseParallel"):
+                raise ValueError(f"_tp_plan entry {pattern!r} has an unknown style {kind}")
+            blocks = getattr(style, "blocks", None)
+            rules.append(
+                TensorParallelRule(
+                    pattern,
+                    ShardStyle.COLWISE if kind == "PackedColwiseParallel" else ShardStyle.ROWWISE,
+                    blocks=tuple(int(b) for b in blocks) if blocks else (),
+                    packed_attribute=not blocks,
+                )
+            )
+        return cls(name, tuple(rules))
+
+
+@dataclass(frozen=True, slots=True)
+class TensorShard:
+    """Rank `rank`'s part of one tensor: along `dim`, the r-th 1/size of every block in `block_sizes`."""
+
+    dim: int
+    block_sizes: tuple[int, ...]
+    size: int
+    rank: int
+
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        """The [start, stop) index ranges along `dim` of the full tensor that this rank holds, in order."""
+        found: list[tuple[int, int]] = []
+        offset = 0
+        for block in self.block_sizes:
+            chunk = block // self.size
+            found.append((offset + self.rank * chunk, offset + (self.rank + 1) * chunk))
+            offset += block
+        return tuple(found)
+
+    def local_shape(self, full_shape: Sequence[int]) -> tuple[int, ...]:
+        shape = list(full_shape)
+        shape[self.dim] = sum(block // self.size for block in self.block_sizes)
+        return tuple(shape)
+
+    def take(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's contiguous slice of a full tensor (a copy)."""
+        parts = [full.narrow(self.dim, start, stop - start) for start, stop in self.ranges()]
+        if len(parts) == 1:
+            return parts[0].clone(memory_format=torch.contiguous_format)
+        return torch.cat(parts, dim=self.dim)
+
+    def for_rank(self, rank: int) -> TensorShard:
+        return TensorShard(self.dim, self.block_sizes, self.size, rank)
+
+
+def _linear_shards(
+    name: str, module: torch.nn.Module, rule: TensorParallelRule, size: int, rank: int
+) -> dict[str, TensorShard]:
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise plan_error(f"plan rule {rule.pattern!r} names {name}, which has no 2-D weight", module=name)
+    dim = 0 if rule.style is ShardStyle.COLWISE else 1
+    total = int(weight.shape[dim])
+    if rule.packed_attribute:
+        attribute = "_tp_packed_col_blocks" if rule.style is ShardStyle.COLWISE else "_tp_packed_row_blocks"
+        declared = getattr(module, attribute, None)
+        if not declared:
+            raise plan_error(f"{name} has no {attribute}, which its packed plan rule needs", module=name)
+        blocks = tuple(int(b) for b in declared)
+    elif rule.blocks:
+        unit, remainder = divmod(total, sum(rule.blocks))
+        if remainder:
+            raise plan_error(f"{name}: blocks {list(rule.blocks)} do not divide dim {dim} of size {total}", module=name)
+        blocks = tuple(b * unit for b in rule.blocks)
+    else:
+        blocks = (total,)
+    if sum(blocks) != total:
+        raise plan_error(f"{name}: blocks {list(blocks)} do not add up to dim {dim} of size {total}", module=name)
+    for block in blocks:
+        if block % size:
+            raise plan_error(
+                f"cannot split {name}.weight across {size} tensor-parallel ranks: a block of {block} along dim {dim} "
+                f"is not divisible by {size}; choose a TP size that divides it",
+                tensor=f"{name}.weight",
+                block=block,
+                tensor_parallel_size=size,
+            )
+    shard = TensorShard(dim, blocks, size, rank)
+    shards = {f"{name}.weight": shard}
+    bias = getattr(module, "bias", None)
+    if isinstance(bias, torch.Tensor) and rule.style is ShardStyle.COLWISE:
+        shards[f"{name}.bias"] = TensorShard(0, blocks, size, rank)
+    return shards
+
+
+def resolve_tensor_shards(
+    model: torch.nn.Module, plan: TensorParallelPlan, size: int, rank: int
+) -> dict[str, TensorShard]:
+    """State-dict name -> shard for every split tensor of `model`; refusals are typed and come first (D05).
+
+    Works on a `meta` skeleton: only shapes and declared block attributes are read. A module
+    with a `heads` count whose projections are split must have heads divisible by `size`.
+    """
+    if type(size) is not int or size < 1 or type(rank) is not int or not 0 <= rank < size:
+        raise ValueError(f"tensor-parallel rank {rank!r} of size {size!r} is not a valid rank")
+    shards: dict[str, TensorShard] = {}
+    split_parents: set[str] = set()
+    for name, module in model.named_modules():
+        rule = plan.rule_for(name) if name else None
+        if rule is None:
+            continue
+        shards.update(_linear_shards(name, module, rule, size, rank))
+        split_parents.update(name.rsplit(".", index)[0] for index in range(1, name.count(".") + 1))
+    if not shards:
+        raise plan_error(
+            f"tensor-parallel plan {plan.name!r} matches no module of {type(model).__name__}; it splits nothing",
+            plan=plan.name,
+        )
+    for name, module in model.named_modules():
+        heads = getattr(module, "heads", None)
+        if name in split_parents and type(heads) is int and heads % size:
+            raise plan_error(
+                f"{name} has {heads} attention heads, which {size} tensor-parallel ranks cannot split evenly",
+                module=name,
+                heads=heads,
+                tensor_parallel_size=size,
+            )
+    return shards
+
+
+def localize_module(model: torch.nn.Module, shards: Mapping[str, TensorShard]) -> None:
+    """Replace every split parameter of `model` by this rank's slice, in place.
+
+    On a `meta` skeleton the slices are `meta` tensors of the local shape; on a loaded model
+    they are contiguous copies of the rank's rows or columns. The result is the rank's final
+    layout: discovery, identity, publication and restore then see local shapes only.
+    """
+    for name, shard in shards.items():
+        module_name, _, attribute = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        current = module._parameters.get(attribute)
+        if current is None:
+            raise ValueError(f"{name} is not a parameter of the model")
+        if current.device.type == "meta":
+            local = torch.empty(shard.local_shape(current.shape), dtype=current.dtype, device="meta")
+        else:
+            local = shard.take(current.detach())
+        module._parameters[attribute] = torch.nn.Parameter(local, requires_grad=current.requires_grad)
+
+
+def _mlp_plan(name: str, prefixes: Sequence[str]) -> TensorParallelPlan:
+    rules: list[TensorParallelRule] = []
+    for prefix in prefixes:
+        rules.append(TensorParallelRule(f"{prefix}.net.0.proj", ShardStyle.COLWISE))
+        rules.append(TensorParallelRule(f"{prefix}.net.2", ShardStyle.ROWWISE))
+    return TensorParallelPlan(name, tuple(rules))
+
+
+_REGISTERED: dict[str, TensorParallelPlan] = {}
+
+FIRST_CLASS_TENSOR_PARALLEL_PLANS: Mapping[str, TensorParallelPlan] = {
+    # Attention and MLP are split; the attention processors reshape by head_dim, so they run unchanged.
+    # (Flux and Flux.2 plans come from diffusers' own `_tp_plan` when it has one; see plan_for_model.)
+    # SD3, Wan and MiniMax-H3: the MLPs are split, attention is replicated (their processors reshape by
+    # `heads`, or normalize across all heads), which keeps the forward exact under parallelize_module.
+    "SD3Transformer2DModel": _mlp_plan("sd3-mlp-v1", ("transformer_blocks.*.ff", "transformer_blocks.*.ff_context")),
+    "WanTransformer3DModel": _mlp_plan("wan-mlp-v1", ("blocks.*.ffn",)),
+    "MiniMaxH3Transformer3DModel": _mlp_plan(
+        "minimax-h3-mlp-v1", ("transformer_blocks.*.ff", "token_refiner.refiner_blocks.*.ff")
+    ),
+}
+
+_DIFFUSERS_PLANS = {
+    "FluxTransformer2DModel": "flux-diffusers-tp-v1",
+    "Flux2Transformer2DModel": "flux2-diffusers-tp-v1",
+}
+
+
+def register_tensor_parallel_plan(model_class_name: str, plan: TensorParallelPlan) -> None:
+    """Declare (or replace) the plan for a model class name; a different plan is a different key."""
+    if type(model_class_name) is not str or not model_class_name:
+        raise ValueError("model_class_name must be a non-empty str")
+    if not isinstance(plan, TensorParallelPlan):
+        raise ValueError("plan must be a TensorParallelPlan")
+    _REGISTERED[model_class_name] = plan
+
+
+def plan_for_model(model: torch.nn.Module) -> TensorParallelPlan:
+    """The registered plan, else a first-class one, else the class's diffusers `_tp_plan`; typed refusal otherwise."""
+    class_name = type(model).__name__
+    registered = _REGISTERED.get(class_name) or FIRST_CLASS_TENSOR_PARALLEL_PLANS.get(class_name)
+    if registered is not None:
+        return registered
+    tp_plan = getattr(type(model), "_tp_plan", None)
+    if isinstance(tp_plan, dict) and tp_plan:
+        return TensorParallelPlan.from_diffusers(
+            _DIFFUSERS_PLANS.get(class_name, f"{class_name}-diffusers-tp"), tp_plan
+        )
+    raise plan_error(
+        f"{class_name} has no tensor-parallel plan; declare one with register_tensor_parallel_plan()",
+        model_class=class_name,
+    )

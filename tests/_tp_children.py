@@ -1,0 +1,131 @@
+"""Tensor-parallel helpers shared by the TP tests and their spawned children (module level, so spawn imports them)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import signal
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from host_weight_runtime._faults import Fault, FaultAction, arm
+from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
+from host_weight_runtime.diffusion import FINAL_LAYOUT_BF16_POLICY, FinalLayoutParallelIdentity
+from host_weight_runtime.diffusion.identity_adapter import FinalLayoutIdentityContext
+from host_weight_runtime.diffusion.parallel import TensorParallelPlan
+from host_weight_runtime.diffusion.parallel.bundle import FinalLayoutBF16BundleProducer
+from host_weight_runtime.diffusion.parallel.ranks import identify_ranks
+from host_weight_runtime.failures import HostWeightError
+from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
+from host_weight_runtime.protocols import BuildRequest
+from host_weight_runtime.runtime import HostWeightRuntime
+from host_weight_runtime.tensors import ValidationLevel
+
+from ._diffusion import DIT, Folder, Pipeline, identity_context
+
+
+def rank_contexts(
+    folder: Folder, size: int, plan: TensorParallelPlan | None = None
+) -> tuple[Pipeline, tuple[FinalLayoutIdentityContext, ...]]:
+    """Every rank's identity context on one localized `meta` skeleton of `folder`."""
+    skeleton = folder.skeleton()
+    holder = Pipeline(skeleton)
+    base = identity_context(Pipeline(folder.skeleton()), folder.source()).request
+    request = dataclasses.replace(base, parallel=FinalLayoutParallelIdentity(tensor_parallel_size=size))
+    contexts = identify_ranks(
+        holder,
+        dit_name=DIT,
+        skeleton=skeleton,
+        prepared_sources=[folder.source()],
+        request=request,
+        policy=FINAL_LAYOUT_BF16_POLICY,
+        ranks=list(range(size)),
+        plan=plan,
+    )
+    return holder, contexts
+
+
+def bundle_crash_child(folder_root: str, domain_root: str, crashes_after: int) -> None:
+    """Build a TP=2 bundle and SIGKILL this process before its (crashes_after + 1)-th commit."""
+    for _ in range(crashes_after):
+        arm("bundle.before_publish", Fault(FaultAction.PAUSE))
+    arm("bundle.before_publish", Fault(FaultAction.CRASH))
+    _, contexts = rank_contexts(Folder("flux", Path(folder_root)), 2)
+    store = FilesystemHostWeightStore(Path(domain_root))
+    store.get_or_build(
+        BuildRequest(contexts[0].identity),
+        FinalLayoutBF16BundleProducer(contexts),
+        validation=ValidationLevel.MANIFEST_AND_METADATA,
+        deadline=float("inf"),
+    )
+
+
+def group_child(rank: int, setup: dict[str, Any], report: Connection, control: Connection | None = None) -> None:
+    """One TP rank in a gloo group: run each load step, report (load path, outcome, failure code, output)."""
+    import torch.distributed as dist
+
+    from host_weight_runtime.diffusion import load_component
+
+    world, rendezvous, folder_root = setup["world"], setup["rendezvous"], setup["folder"]
+    domain_root, steps = setup["domain"], setup["steps"]
+    from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
+
+    dist.init_process_group(
+        "gloo", init_method=rendezvous, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
+    try:
+        for step in steps:
+            _arm_step(step.get("faults", {}).get(str(rank), []), report, control)
+            runtime = HostWeightRuntime(
+                HostWeightRuntimeConfig(mode=RuntimeMode(step["mode"]), root=Path(domain_root), lock_timeout_s=20.0)
+            )
+            parallel = FinalLayoutParallelIdentity(tensor_parallel_size=world, tensor_parallel_rank=rank)
+            try:
+                loaded = load_component(
+                    folder_root,
+                    subfolder=DIT,
+                    runtime=runtime,
+                    parallel=parallel,
+                    process_group=dist.group.WORLD,
+                    stream_on_miss=step.get("stream"),
+                )
+            except HostWeightError as exc:
+                report.send({"rank": rank, "failed": exc.failure.code.value})
+                continue
+            model = loaded.model
+            output = run_forward("flux", model, forward_inputs("flux", model, seed=5))
+            report.send(
+                {
+                    "rank": rank,
+                    "path": loaded.load_path.value,
+                    "outcome": None if loaded.outcome is None else loaded.outcome.value,
+                    "key": loaded.identity_key,
+                    "output": output.detach().float().numpy(),  # numpy pickles by value (BF16 -> FP32 is exact)
+                }
+            )
+            loaded.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def _arm_step(faults: list[str], report: Connection, control: Connection | None) -> None:
+    for fault in faults:
+        if fault == "crash_building":
+
+            def notify_then_die(point: str) -> None:
+                report.send({"event": "building"})
+                assert control is not None
+                control.recv()
+                os.kill(os.getpid(), signal.SIGKILL)  # mid-build: staging exists, nothing published
+
+            arm("bundle.staging_created", Fault(FaultAction.PAUSE, hook=notify_then_die))
+        elif fault == "wait_before_lock":
+
+            def wait(point: str) -> None:
+                assert control is not None
+                control.recv()
+                report.send({"event": "waiting_for_lock"})
+
+            arm("bundle.waiting_for_lock", Fault(FaultAction.PAUSE, hook=wait))

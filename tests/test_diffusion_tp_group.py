@@ -1,0 +1,157 @@
+"""GROUP_COHORT and TP forward parity: real gloo process groups of spawned ranks on CPU.
+
+Every child is joined with a deadline and killed if it overstays; every pipe read has one.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
+from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
+
+from ._diffusion import Folder, save_folder
+from ._tp_children import group_child
+from .test_diffusion_tp import FLUX_TP4
+
+CHILD_S = 240.0
+READ_S = 240.0
+
+
+@pytest.fixture(scope="module")
+def flux(tmp_path_factory: pytest.TempPathFactory) -> Folder:
+    return save_folder(tmp_path_factory.mktemp("tp-group-flux"), "flux", seed=7, config_overrides=FLUX_TP4)
+
+
+@pytest.fixture(scope="module")
+def reference(flux: Folder) -> torch.Tensor:
+    model = flux.canonical()
+    return run_forward("flux", model, forward_inputs("flux", model, seed=5))
+
+
+def _read(connection: Connection) -> Any:
+    if not connection.poll(READ_S):
+        raise AssertionError("a rank sent nothing before the deadline")
+    value = connection.recv()
+    if isinstance(value, dict) and "output" in value:
+        value["output"] = torch.from_numpy(value["output"])
+    return value
+
+
+class Group:
+    """`world` spawned ranks running `steps`; results per rank, children always reaped."""
+
+    def __init__(self, tmp: Path, folder: Folder, domain: Path, world: int, steps: list[dict[str, Any]]) -> None:
+        context = multiprocessing.get_context("spawn")
+        rendezvous = f"file://{tmp / f'rendezvous-{id(self)}'}"
+        self.reports: list[Connection] = []
+        self.controls: list[Connection] = []
+        self.processes: list[BaseProcess] = []
+        setup = {"world": world, "rendezvous": rendezvous, "folder": str(folder.root), "domain": str(domain)}
+        setup["steps"] = steps
+        for rank in range(world):
+            receive, send = context.Pipe(duplex=False)
+            control_receive, control_send = context.Pipe(duplex=False)
+            process = context.Process(
+                target=group_child,
+                args=(rank, setup, send, control_receive),
+            )
+            process.start()
+            self.reports.append(receive)
+            self.controls.append(control_send)
+            self.processes.append(process)
+
+    def results(self) -> list[dict[str, Any]]:
+        return [_read(report) for report in self.reports]
+
+    def reap(self) -> list[int | None]:
+        for process in self.processes:
+            process.join(CHILD_S)
+            if process.exitcode is None:
+                process.kill()
+                process.join(CHILD_S)
+        return [process.exitcode for process in self.processes]
+
+
+def run_group(tmp: Path, folder: Folder, domain: Path, world: int, steps: list[dict[str, Any]]) -> list[list[Any]]:
+    group = Group(tmp, folder, domain, world, steps)
+    try:
+        per_step = [group.results() for _step in steps]
+    finally:
+        exits = group.reap()
+    assert exits == [0] * world
+    return per_step
+
+
+def test_cold_group_builds_one_bundle_then_warm_group_hits_with_identical_forward(
+    tmp_path: Path, flux: Folder, reference: torch.Tensor
+) -> None:
+    """D14/D13: a cold TP=2 group in REQUIRED builds one bundle and serves from it; a warm group in PREFERRED hits
+    on every rank; the parallelized (DTensor, gloo) forward matches the unsharded canonical one within BF16
+    tolerance and the warm forward equals the cold one bit for bit."""
+    domain = tmp_path / "hwr"
+    cold, warm = run_group(tmp_path, flux, domain, 2, [{"mode": "required"}, {"mode": "preferred"}])
+    assert all(result["path"] == "artifact" for result in cold + warm)
+    assert {result["outcome"] for result in warm} == {"local_hit"}
+    for before, after in zip(cold, warm, strict=True):
+        assert torch.equal(before["output"], after["output"])
+        torch.testing.assert_close(before["output"].float(), reference.float(), atol=3e-2, rtol=3e-2)
+    store = FilesystemHostWeightStore(domain)
+    assert len(list(store.layout.artifacts.iterdir())) == 2  # one artifact per rank, from one bundle
+
+
+def test_mixed_group_falls_back_together_or_fails_together(tmp_path: Path, flux: Folder) -> None:
+    """D14: with rank 1's artifact removed, PREFERRED sends the whole group to the canonical path (and republishes),
+    REQUIRED without a build fails on every rank with the same typed code."""
+    domain = tmp_path / "hwr"
+    (warm,) = run_group(tmp_path, flux, domain, 2, [{"mode": "required"}])
+    assert all(result["path"] == "artifact" for result in warm)
+    store = FilesystemHostWeightStore(domain)
+    store.cleanup(warm[1]["key"])
+    required, preferred, again = run_group(
+        tmp_path,
+        flux,
+        domain,
+        2,
+        [{"mode": "required", "stream": False}, {"mode": "preferred"}, {"mode": "preferred"}],
+    )
+    assert [result.get("failed") for result in required] == ["not_found", "not_found"]
+    assert [result["path"] for result in preferred] == ["canonical", "canonical"]
+    assert [result["outcome"] for result in again] == ["local_hit", "local_hit"]
+
+
+def test_rank_killed_mid_build_fails_the_group_typed_and_next_run_succeeds(tmp_path: Path, flux: Folder) -> None:
+    """D14/S16: rank 1 is SIGKILLed while it builds the bundle; rank 0 fails with a typed error (never hangs);
+    nothing partial is published and the next group run serves every rank from artifacts."""
+    domain = tmp_path / "hwr"
+    steps: list[dict[str, Any]] = [{"mode": "required", "faults": {"1": ["crash_building"], "0": ["wait_before_lock"]}}]
+    group = Group(tmp_path, flux, domain, 2, steps)
+    try:
+        assert _read(group.reports[1]) == {"event": "building"}
+        group.controls[0].send("go")
+        assert _read(group.reports[0]) == {"event": "waiting_for_lock"}
+        group.controls[1].send("crash")
+        survivor = _read(group.reports[0])
+    finally:
+        exits = group.reap()
+    assert exits[1] == -signal.SIGKILL
+    assert survivor.get("failed") == "lock_timeout"
+    (next_run,) = run_group(tmp_path, flux, domain, 2, [{"mode": "required"}])
+    assert [result["path"] for result in next_run] == ["artifact", "artifact"]
+
+
+def test_four_rank_group_cold_and_warm(tmp_path: Path, flux: Folder, reference: torch.Tensor) -> None:
+    """D14: TP=4 (4 heads over 4 ranks): one cold bundle, then all ranks hit; forward parity as at TP=2."""
+    cold, warm = run_group(tmp_path, flux, tmp_path / "hwr", 4, [{"mode": "required"}, {"mode": "preferred"}])
+    assert {result["outcome"] for result in warm} == {"local_hit"}
+    for before, after in zip(cold, warm, strict=True):
+        assert torch.equal(before["output"], after["output"])
+        torch.testing.assert_close(after["output"].float(), reference.float(), atol=3e-2, rtol=3e-2)
