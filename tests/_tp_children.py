@@ -73,13 +73,13 @@ def group_child(rank: int, setup: dict[str, Any], report: Connection, control: C
     from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
 
     dist.init_process_group(
-        "gloo", init_method=rendezvous, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+        "gloo", init_method=rendezvous, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=180)
     )
     try:
         for step in steps:
             _arm_step(step.get("faults", {}).get(str(rank), []), report, control)
             runtime = HostWeightRuntime(
-                HostWeightRuntimeConfig(mode=RuntimeMode(step["mode"]), root=Path(domain_root), lock_timeout_s=20.0)
+                HostWeightRuntimeConfig(mode=RuntimeMode(step["mode"]), root=Path(domain_root), lock_timeout_s=float(step.get("lock_timeout_s", 120.0)))
             )
             parallel = FinalLayoutParallelIdentity(tensor_parallel_size=world, tensor_parallel_rank=rank)
             try:

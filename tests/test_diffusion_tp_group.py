@@ -132,7 +132,9 @@ def test_rank_killed_mid_build_fails_the_group_typed_and_next_run_succeeds(tmp_p
     """D14/S16: rank 1 is SIGKILLed while it builds the bundle; rank 0 fails with a typed error (never hangs);
     nothing partial is published and the next group run serves every rank from artifacts."""
     domain = tmp_path / "hwr"
-    steps: list[dict[str, Any]] = [{"mode": "required", "faults": {"1": ["crash_building"], "0": ["wait_before_lock"]}}]
+    steps: list[dict[str, Any]] = [
+        {"mode": "required", "lock_timeout_s": 20.0, "faults": {"1": ["crash_building"], "0": ["wait_before_lock"]}}
+    ]
     group = Group(tmp_path, flux, domain, 2, steps)
     try:
         assert _read(group.reports[1]) == {"event": "building"}
