@@ -98,6 +98,8 @@ class TensorManifestEntry:
     def __post_init__(self) -> None:
         if type(self.name) is not str or not self.name:
             raise ValueError("tensor name must be a non-empty string")
+        if not self.name.isprintable():
+            raise ValueError(f"tensor name {self.name[:200]!r} must not contain control or unprintable characters")
         validate_file_name(self.file)
         if type(self.dtype) is not str:
             raise ValueError(f"tensor {self.name}: dtype must be a safetensors dtype code string")
