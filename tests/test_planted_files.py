@@ -385,3 +385,22 @@ def test_planted_domain_files_are_refused(tmp_path: Path, name: str, kind: str) 
     with pytest.raises(HostWeightError) as caught:
         FilesystemHostWeightStore(root)
     assert caught.value.code in {FailureCode.UNSAFE_PERMISSIONS, FailureCode.DOMAIN_INVALID}, caught.value
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=OSError,
+    reason="store.py cleanup calls try_lock without catching OSError, so a planted lock file (here a symlink, "
+    "refused as UnsafeLockFileError) escapes `cleanup` as a raw exception; fix: map it to a FAILED CleanupResult "
+    "with UNSAFE_PERMISSIONS (store.py, not in scope)",
+)
+def test_cleanup_with_a_planted_lock_file_is_a_typed_failure(store: FilesystemHostWeightStore, tmp_path: Path) -> None:
+    """S12: `cleanup` of a key whose build lock is a planted symlink reports a typed failure and removes nothing."""
+    directory = publish(store)
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious")
+    store.layout.build_lock(make_identity().key).symlink_to(victim)
+    result = store.cleanup(make_identity().key)
+    assert result.status is CleanupStatus.FAILED and result.failure is not None
+    assert result.failure.code is FailureCode.UNSAFE_PERMISSIONS
+    assert directory.is_dir() and victim.read_bytes() == b"precious"
