@@ -140,6 +140,10 @@ def _finite_float(text: str) -> float:
     return number
 
 
+def _no_float(text: str) -> float:
+    raise ValueError(f"JSON number {text[:40]!r} is not an integer, and this document holds only integers")
+
+
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
     result: dict[str, object] = {}
     for key, item in pairs:
@@ -150,13 +154,14 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
 
 
 def decode_json(
-    data: bytes, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int | None = MAX_JSON_DEPTH
+    data: bytes, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int | None = MAX_JSON_DEPTH, floats: bool = True
 ) -> JsonValue:
     """Parse JSON bytes strictly (no NaN, Infinity or out-of-range floats, no duplicate keys), or raise ValueError.
 
     Input is bounded by `max_bytes` and nesting by `max_depth`. A caller that checks the
     shape of every field itself (the manifest) may pass `max_depth=None` to skip the
     depth walk; extreme nesting still fails, as the parser's recursion guard, with ValueError.
+    `floats=False` rejects every non-integer number (for documents that hold none).
     """
     if not isinstance(data, (bytes, bytearray)):
         raise ValueError(f"JSON input must be bytes, got {type(data).__name__}")
@@ -165,7 +170,10 @@ def decode_json(
     try:
         text = bytes(data).decode("utf-8")
         value: JsonValue = json.loads(
-            text, parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=_no_duplicates
+            text,
+            parse_constant=_reject_constant,
+            parse_float=_finite_float if floats else _no_float,
+            object_pairs_hook=_no_duplicates,
         )
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"not valid UTF-8 JSON: {exc}") from exc

@@ -288,9 +288,13 @@ def _check_header(fd: int, entry: FileManifestEntry, manifest: WeightManifest) -
     header_length = int.from_bytes(length_bytes, "little")
     if header_length > MAX_HEADER_BYTES or 8 + header_length != entry.header_size:
         raise _invalid(FailureCode.PAYLOAD_INVALID, f"{entry.name}: header length disagrees with the manifest")
+    raw = _read_exact(fd, header_length, 8, entry.name).rstrip(b" ")
+    # A header holds no floats (rejected while parsing) and no booleans; only when `true` or `false`
+    # appears at all must the entries be compared type by type (Python's True == 1).
+    loose_types = b"true" in raw or b"false" in raw
     try:
         # The header's shape is checked entry by entry against the manifest below.
-        header = decode_json(_read_exact(fd, header_length, 8, entry.name).rstrip(b" "), max_depth=None)
+        header = decode_json(raw, max_depth=None, floats=False)
     except _PARSE_ERRORS as exc:
         raise _invalid(
             FailureCode.PAYLOAD_INVALID, f"{entry.name}: malformed safetensors header: {_reason(exc)}"
@@ -306,7 +310,13 @@ def _check_header(fd: int, entry: FileManifestEntry, manifest: WeightManifest) -
     spans: list[tuple[int, int]] = []
     for name in entry.tensors:
         tensor = manifest.tensor(name)
-        if not _describes(header[name], tensor):
+        described = header[name]
+        if not (
+            _describes(described, tensor)
+            if loose_types
+            else described
+            == {"dtype": tensor.dtype, "shape": list(tensor.shape), "data_offsets": list(tensor.data_offsets)}
+        ):
             raise _invalid(
                 FailureCode.PAYLOAD_INVALID, f"{entry.name}: header entry for {name} differs from manifest", tensor=name
             )
