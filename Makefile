@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint demo bench bench-quick clean
+.PHONY: setup test lint demo bench bench-quick fuzz clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,13 @@ bench: setup
 
 bench-quick: setup
 	$(BIN)/hwr bench --quick
+
+# The fuzz tests of hostile input (tests/test_fuzz_*.py) with many examples each; `make test`
+# runs the same tests with a few dozen. FUZZ_EXAMPLES=N picks the count.
+FUZZ_EXAMPLES ?= 2000
+
+fuzz: setup
+	HWR_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -m fuzz --timeout=0 --hypothesis-show-statistics tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -239,7 +239,7 @@ def test_context_manager_releases(lock_path: Path) -> None:
 
 
 def test_symlinked_lock_file_is_refused(tmp_path: Path) -> None:
-    """A lock path that is a symlink is not followed: try_lock raises ELOOP, acquire_lock a typed error."""
+    """A lock path that is a symlink is not followed: try_lock raises ELOOP, acquire_lock UNSAFE_PERMISSIONS."""
     target = tmp_path / "elsewhere"
     target.write_bytes(b"")
     link = tmp_path / "link.lock"
@@ -249,9 +249,10 @@ def test_symlinked_lock_file_is_refused(tmp_path: Path) -> None:
     assert raw.value.errno == errno.ELOOP
     with pytest.raises(HostWeightError) as typed:
         acquire_lock(link, exclusive=True, deadline=None, stage=ResolutionStage.LOOKUP, what="the link lock")
-    assert typed.value.code is FailureCode.IO_ERROR
+    assert typed.value.code is FailureCode.UNSAFE_PERMISSIONS
     assert typed.value.retryable is False
-    assert typed.value.failure.details.to_value()["errno"] == "ELOOP"  # type: ignore[call-overload,index]
+    assert "symlink" in typed.value.failure.message
+    assert target.read_bytes() == b""
 
 
 def test_file_lock_refuses_pickling(lock_path: Path) -> None:

@@ -2,6 +2,10 @@
 
 Keys are sorted, separators compact, text UTF-8, and only JSON-native values are
 accepted, so that equal values always produce equal bytes and equal digests.
+
+Everything here is bounded, because the bytes it parses may come from a hostile
+co-tenant: at most MAX_JSON_BYTES of input and MAX_JSON_DEPTH nested containers, and
+every way parsing can fail (including the parser's own recursion guard) is a ValueError.
 """
 
 from __future__ import annotations
@@ -14,6 +18,11 @@ from typing import TypeAlias
 
 JsonValue: TypeAlias = bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
 
+MAX_JSON_DEPTH = 128
+"""The deepest nesting of lists and objects accepted anywhere (real metadata nests a few levels)."""
+MAX_JSON_BYTES = 64 * 1024 * 1024
+"""The largest JSON document `decode_json` parses by default."""
+
 
 def _check_value(value: object, path: str, ancestors: frozenset[int] = frozenset()) -> None:
     """Reject anything that JSON cannot represent exactly and stably.
@@ -21,6 +30,8 @@ def _check_value(value: object, path: str, ancestors: frozenset[int] = frozenset
     Scalars must be exactly None, bool, int, float or str: subclasses (IntEnum, str
     enums, numpy scalars) are rejected rather than silently converted.
     """
+    if len(ancestors) >= MAX_JSON_DEPTH and isinstance(value, (list, tuple, dict)):
+        raise ValueError(f"canonical JSON rejects nesting deeper than {MAX_JSON_DEPTH} levels at {path[:200]}")
     if value is None or type(value) in (bool, str, int):
         return
     if type(value) is float:
@@ -55,7 +66,7 @@ def _is_plain(value: object, ancestors: set[int]) -> bool:
         return True
     if kind is float:
         return math.isfinite(value)  # type: ignore[arg-type]
-    if not isinstance(value, (list, tuple, dict)) or id(value) in ancestors:
+    if not isinstance(value, (list, tuple, dict)) or id(value) in ancestors or len(ancestors) >= MAX_JSON_DEPTH:
         return False
     ancestors.add(id(value))
     try:
@@ -88,6 +99,8 @@ def _encode_decoded(value: JsonValue) -> bytes:
         return text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError(f"canonical JSON text must be valid Unicode (no lone surrogates): {exc}") from exc
+    except RecursionError:
+        raise ValueError("canonical JSON value is nested too deeply to encode") from None
 
 
 def encode_canonical_trusted(value: JsonValue) -> bytes:
@@ -104,24 +117,75 @@ def is_canonical(data: bytes, value: JsonValue) -> bool:
     return _encode_decoded(value) == data
 
 
-def decode_json(data: bytes) -> JsonValue:
-    """Parse JSON bytes strictly (no NaN or Infinity, no duplicate keys)."""
+def _nesting_exceeds(value: JsonValue, limit: int) -> bool:
+    """Whether a decoded value nests more than `limit` containers deep (iterative, one level at a time)."""
+    level: list[JsonValue] = [value] if isinstance(value, (list, dict)) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        inner: list[JsonValue] = []
+        for container in level:
+            items = container.values() if isinstance(container, dict) else container
+            inner.extend(item for item in items if isinstance(item, (list, dict)))  # type: ignore[union-attr]
+        level = inner
+    return False
 
-    def no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-        result: dict[str, object] = {}
-        for key, item in pairs:
-            if key in result:
-                raise ValueError(f"duplicate JSON key {key!r}")
-            result[key] = item
-        return result
 
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"JSON number {text[:40]!r} is out of range for a finite float")
+    return number
+
+
+def _no_float(text: str) -> float:
+    raise ValueError(f"JSON number {text[:40]!r} is not an integer, and this document holds only integers")
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    result: dict[str, object] = {}
+    for key, item in pairs:
+        if key in result:
+            raise ValueError(f"duplicate JSON key {key[:200]!r}")
+        result[key] = item
+    return result
+
+
+def decode_json(
+    data: bytes, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int | None = MAX_JSON_DEPTH, floats: bool = True
+) -> JsonValue:
+    """Parse JSON bytes strictly (no NaN, Infinity or out-of-range floats, no duplicate keys), or raise ValueError.
+
+    Input is bounded by `max_bytes` and nesting by `max_depth`. A caller that checks the
+    shape of every field itself (the manifest) may pass `max_depth=None` to skip the
+    depth walk; extreme nesting still fails, as the parser's recursion guard, with ValueError.
+    `floats=False` rejects every non-integer number (for documents that hold none).
+    """
+    if not isinstance(data, (bytes, bytearray)):
+        raise ValueError(f"JSON input must be bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise ValueError(f"JSON input is {len(data)} bytes; the limit is {max_bytes}")
     try:
-        text = data.decode("utf-8")
+        text = bytes(data).decode("utf-8")
         value: JsonValue = json.loads(
-            text, parse_constant=_reject_constant, object_pairs_hook=no_duplicates
+            text,
+            parse_constant=_reject_constant,
+            parse_float=_finite_float if floats else _no_float,
+            object_pairs_hook=_no_duplicates,
         )
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"not valid UTF-8 JSON: {exc}") from exc
+    except RecursionError:
+        raise ValueError("JSON input is nested too deeply") from None
+    # Counting brackets is cheap, and fewer of them than the limit cannot nest deeper than it.
+    if (
+        max_depth is not None
+        and data.count(b"[") + data.count(b"{") > max_depth
+        and _nesting_exceeds(value, max_depth)
+    ):
+        raise ValueError(f"JSON input nests deeper than {max_depth} levels")
     return value
 
 
@@ -156,7 +220,8 @@ class CanonicalJson:
 
     def to_value(self) -> JsonValue:
         """A fresh, independent copy of the value."""
-        return decode_json(self.data)
+        # The bytes were checked when this instance was made; a value built in memory may exceed the input limit.
+        return decode_json(self.data, max_bytes=max(len(self.data), MAX_JSON_BYTES))
 
     @property
     def sha256(self) -> str:

@@ -86,6 +86,33 @@ def default_root() -> Path:
     return Path(cache) / "host-weight-runtime"
 
 
+# Kernel and device filesystems: never a place for a store, whatever the mount table says.
+_FORBIDDEN_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
+_ALLOWED_UNDER_DEV = Path("/dev/shm")
+
+
+def _check_root(root: Path) -> None:
+    """Refuse a domain root that is relative, spelled with '..' or NUL, or under /proc, /sys or /dev."""
+    text = str(root)
+    if "\x00" in text:
+        raise ValueError("root must not contain a NUL character")
+    if not root.is_absolute():
+        raise ValueError(f"root must be an absolute path, got {text!r}; give the full path, e.g. /dev/shm/hwr")
+    if ".." in root.parts:
+        raise ValueError(f"root must not contain '..', got {text!r}; write the path it means directly")
+    for spelled in (Path(os.path.normpath(text)), Path(os.path.realpath(text))):
+        if spelled == Path(spelled.anchor):
+            raise ValueError(f"root must not be the filesystem root {spelled}; use a directory such as /dev/shm/hwr")
+        if spelled == _ALLOWED_UNDER_DEV or spelled.is_relative_to(_ALLOWED_UNDER_DEV):
+            continue
+        for forbidden in _FORBIDDEN_ROOTS:
+            if spelled == forbidden or spelled.is_relative_to(forbidden):
+                raise ValueError(
+                    f"root {text!r} is under {forbidden} (a kernel or device filesystem, not storage); "
+                    "use a directory on tmpfs such as /dev/shm/hwr or on a local disk"
+                )
+
+
 @dataclass(frozen=True, slots=True)
 class HostWeightRuntimeConfig:
     """Everything the runtime needs; build it in code, from a dict, or from the environment."""
@@ -111,8 +138,8 @@ class HostWeightRuntimeConfig:
             raise ValueError(f"storage_class must be a StorageClass, got {self.storage_class!r}")
         if self.root is not None and not isinstance(self.root, Path):
             raise ValueError("root must be a pathlib.Path or None")
-        if self.root is not None and not self.root.is_absolute():
-            raise ValueError(f"root must be an absolute path, got {self.root}")
+        if self.root is not None:
+            _check_root(self.root)
         for name in ("allow_local_build", "allow_post_load_publish"):
             if type(getattr(self, name)) is not bool:
                 raise ValueError(f"{name} must be a bool")

@@ -34,6 +34,11 @@ READY_FILE_NAME = "READY.json"
 PAYLOAD_SUFFIX = ".safetensors"
 RESERVED_FILE_NAMES = frozenset({MANIFEST_FILE_NAME, READY_FILE_NAME})
 MAX_FILE_NAME_LENGTH = 200
+# Bounds on what a manifest may describe, so hostile bytes cannot make parsing slow or huge.
+MAX_TENSOR_RANK = 64
+MAX_MANIFEST_FILES = 10_000
+MAX_MANIFEST_TENSORS = 1_000_000
+MAX_BYTE_COUNT = 2**63 - 1
 
 
 @functools.lru_cache(maxsize=4096)
@@ -93,6 +98,8 @@ class TensorManifestEntry:
     def __post_init__(self) -> None:
         if type(self.name) is not str or not self.name:
             raise ValueError("tensor name must be a non-empty string")
+        if not self.name.isprintable():
+            raise ValueError(f"tensor name {self.name[:200]!r} must not contain control or unprintable characters")
         validate_file_name(self.file)
         if type(self.dtype) is not str:
             raise ValueError(f"tensor {self.name}: dtype must be a safetensors dtype code string")
@@ -102,12 +109,14 @@ class TensorManifestEntry:
                 raise ValueError(f"tensor {self.name}: {label} must be a tuple")
         if len(self.data_offsets) != 2:
             raise ValueError(f"tensor {self.name}: data_offsets must be (begin, end)")
-        if any(type(d) is not int or d < 0 for d in self.shape):
-            raise ValueError(f"tensor {self.name}: shape must hold non-negative integers")
+        if len(self.shape) > MAX_TENSOR_RANK:
+            raise ValueError(f"tensor {self.name}: rank {len(self.shape)} is above the limit of {MAX_TENSOR_RANK}")
+        if any(type(d) is not int or d < 0 or d > MAX_BYTE_COUNT for d in self.shape):
+            raise ValueError(f"tensor {self.name}: shape must hold non-negative integers below 2**63")
         if self.strides != contiguous_strides(self.shape):
             raise ValueError(f"tensor {self.name}: strides {self.strides} are not contiguous for {self.shape}")
         begin, end = self.data_offsets
-        if type(begin) is not int or type(end) is not int or begin < 0 or end < begin:
+        if type(begin) is not int or type(end) is not int or begin < 0 or end < begin or end > MAX_BYTE_COUNT:
             raise ValueError(f"tensor {self.name}: bad data_offsets {self.data_offsets}")
         if end - begin != numel_of(self.shape) * dtype_itemsize(dtype):
             raise ValueError(f"tensor {self.name}: data_offsets do not match shape and dtype")
@@ -173,7 +182,7 @@ class FileManifestEntry:
         validate_file_name(self.name)
         if type(self.size) is not int or type(self.header_size) is not int:
             raise ValueError(f"file {self.name}: size and header_size must be integers")
-        if self.header_size < 8 or self.size < self.header_size:
+        if self.header_size < 8 or self.size < self.header_size or self.size > MAX_BYTE_COUNT:
             raise ValueError(f"file {self.name}: inconsistent size {self.size} / header {self.header_size}")
         _hex_digest(self.digest, f"file {self.name} digest")
         if type(self.tensors) is not tuple or any(type(item) is not str for item in self.tensors):
@@ -304,6 +313,13 @@ class WeightManifest:
     def from_dict(cls, value: object) -> WeightManifest:
         obj = require_object(value, "manifest")
         require_exact_keys(obj, _MANIFEST_KEYS, "manifest")
+        files = get_list(obj, "files", "manifest")
+        tensors = get_list(obj, "tensors", "manifest")
+        if len(files) > MAX_MANIFEST_FILES or len(tensors) > MAX_MANIFEST_TENSORS:
+            raise ValueError(
+                f"manifest lists {len(files)} files and {len(tensors)} tensors; the limits are "
+                f"{MAX_MANIFEST_FILES} and {MAX_MANIFEST_TENSORS}"
+            )
         manifest = cls(
             schema_version=get_int(obj, "schema_version", "manifest"),
             identity=WeightArtifactIdentity.from_dict(obj["identity"]),
@@ -312,10 +328,8 @@ class WeightManifest:
             format_metadata=get_json(obj, "format_metadata", "manifest"),
             digest_algorithm=get_str(obj, "digest_algorithm", "manifest"),
             digest_chunk_bytes=get_int(obj, "digest_chunk_bytes", "manifest"),
-            files=tuple(FileManifestEntry.from_dict(item) for item in get_list(obj, "files", "manifest")),
-            tensors=tuple(
-                TensorManifestEntry.from_dict(item) for item in get_list(obj, "tensors", "manifest")
-            ),
+            files=tuple(FileManifestEntry.from_dict(item) for item in files),
+            tensors=tuple(TensorManifestEntry.from_dict(item) for item in tensors),
             content_digest=get_str(obj, "content_digest", "manifest"),
         )
         if get_str(obj, "identity_key", "manifest") != manifest.identity_key:
@@ -332,7 +346,9 @@ class WeightManifest:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            value = decode_json(data)
+            # Every field's type is checked below and free-form fields go through CanonicalJson,
+            # which bounds their depth, so the generic depth walk is skipped on this hot path.
+            value = decode_json(data, max_depth=None)
             if not is_canonical(data, value):
                 raise ValueError("manifest bytes are not canonical JSON")
             return cls.from_dict(value)

@@ -386,6 +386,24 @@ def _domain_invalid(path: Path, problem: str) -> HostWeightError:
 def _read_json_object(path: Path) -> Mapping[str, object] | None:
     """The JSON object at `path`, None if the file is absent; damage is DOMAIN_INVALID."""
     try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _os_failure(exc, f"inspecting {path}") from exc
+    if stat.S_ISREG(info.st_mode) and (info.st_uid != os.geteuid() or info.st_mode & 0o022 or info.st_nlink != 1):
+        raise raise_failure(
+            _STAGE,
+            FailureCode.UNSAFE_PERMISSIONS,
+            f"{path} belongs to uid {info.st_uid}, has mode {stat.S_IMODE(info.st_mode):04o} and "
+            f"{info.st_nlink} link(s); a domain file must be the current user's (uid {os.geteuid()}), "
+            "writable by no one else, with one link. Something planted it: move the domain root aside "
+            "or set HWR_ROOT to a fresh path",
+            path=str(path),
+            uid=info.st_uid,
+            mode=stat.S_IMODE(info.st_mode),
+        )
+    try:
         data = read_small_file(path, limit=1 << 20)
     except FileNotFoundError:
         return None

@@ -6,6 +6,10 @@ parent would silently lose its lock. So a release in a process other than the on
 that took the lock only closes the inherited descriptor (S20). Lock files are never
 unlinked, because unlinking one while another process waits on it would let two
 processes "hold" the same lock on different inodes.
+
+A lock file must be a regular file of this user with one link that nobody else may
+write; anything else found at a lock path (a symlink, a FIFO, a directory, a foreign or
+hard-linked file) is refused as UnsafeLockFileError and never opened or followed.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import threading
 import time
 import weakref
@@ -23,7 +28,7 @@ from typing import NoReturn
 from ..failures import FailureCode, HostWeightError, ResolutionStage, raise_failure
 from ._fsutil import failure_from_os_error
 
-__all__ = ["FileLock", "acquire_lock", "lock_in_use", "try_lock"]
+__all__ = ["FileLock", "UnsafeLockFileError", "acquire_lock", "lock_in_use", "try_lock"]
 
 _BACKOFF_START_S = 0.001
 _BACKOFF_MAX_S = 0.020
@@ -123,8 +128,69 @@ class FileLock:
         return f"FileLock({str(self._path)!r}, {kind}, {state})"
 
 
+_SYMLINK = "is a symlink"
+
+
+class UnsafeLockFileError(OSError):
+    """Something other than this user's own private lock file is at a lock path (errno ELOOP for a symlink)."""
+
+
+def _unsafe_lock_file(info: os.stat_result) -> str | None:
+    """Why a lock file must not be used, or None when it is safe."""
+    if stat.S_ISLNK(info.st_mode):
+        return _SYMLINK
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file"
+    if info.st_uid != os.geteuid():
+        return f"belongs to uid {info.st_uid}, not to the current user (uid {os.geteuid()})"
+    if info.st_nlink != 1:
+        return f"has {info.st_nlink} hard links"
+    if info.st_mode & 0o022:
+        return f"has mode {stat.S_IMODE(info.st_mode):04o}, writable by group or others"
+    return None
+
+
+def _refuse(path: Path, problem: str) -> UnsafeLockFileError:
+    number = errno.ELOOP if problem == _SYMLINK else errno.EPERM
+    return UnsafeLockFileError(
+        number,
+        f"the lock file {path} {problem}; lock files are private regular files of the store's user. "
+        "Something planted it: remove it (HWR recreates it)",
+        str(path),
+    )
+
+
 def _open_lock_file(path: Path) -> int:
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    """Open (creating) a lock file; what is already at the path is checked before it is opened."""
+    try:
+        listed = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        problem = _unsafe_lock_file(listed)
+        if problem is not None:
+            raise _refuse(path, problem)
+    # O_NONBLOCK: a FIFO swapped in after the check must not block the open.
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refuse(path, _SYMLINK) from None
+        raise
+    try:
+        problem = _unsafe_lock_file(os.fstat(fd))
+        if problem is not None:
+            raise _refuse(path, problem)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _unsafe_failure(exc: UnsafeLockFileError, stage: ResolutionStage, what: str) -> HostWeightError:
+    return raise_failure(
+        stage, FailureCode.UNSAFE_PERMISSIONS, exc.strerror or str(exc), path=str(exc.filename), what=what
+    )
 
 
 def _try_flock(fd: int, exclusive: bool) -> bool:
@@ -140,7 +206,7 @@ def _try_flock(fd: int, exclusive: bool) -> bool:
 
 
 def try_lock(path: Path, *, exclusive: bool) -> FileLock | None:
-    """Take the lock now or return None; never waits. OS errors propagate as OSError."""
+    """Take the lock now or return None; never waits. OS errors (UnsafeLockFileError too) propagate as OSError."""
     fd = _open_lock_file(path)
     try:
         if _try_flock(fd, exclusive):
@@ -169,6 +235,8 @@ def acquire_lock(
     started = time.monotonic()
     try:
         fd = _open_lock_file(path)
+    except UnsafeLockFileError as exc:
+        raise _unsafe_failure(exc, stage, what) from None
     except OSError as exc:
         raise HostWeightError(failure_from_os_error(exc, stage=stage, what=f"opening {what}")) from exc
     backoff = _BACKOFF_START_S
@@ -222,18 +290,24 @@ def lock_in_use(path: Path) -> bool:
 
     A missing lock file means no holder (and is not created). /proc/locks answers without
     touching the lock; since it may hide holders in other PID namespaces, an empty answer
-    is confirmed by a non-blocking exclusive probe that is released at once.
+    is confirmed by a non-blocking exclusive probe that is released at once. An unsafe lock
+    file (see UnsafeLockFileError) is never opened and counts as in use: nothing proves it free.
     """
     try:
         info = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
         return False
+    if _unsafe_lock_file(info) is not None:
+        return True
     try:
         if _listed_in_proc_locks(info):
             return True
     except OSError:
         pass  # no /proc/locks here: the probe below decides
-    probe = try_lock(path, exclusive=True)
+    try:
+        probe = try_lock(path, exclusive=True)
+    except UnsafeLockFileError:
+        return True
     if probe is None:
         return True
     probe.release()

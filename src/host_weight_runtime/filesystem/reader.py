@@ -4,6 +4,12 @@ Everything is opened relative to the artifact directory's descriptor without
 following symlinks. Problems with the artifact itself raise `InvalidArtifactError`
 (the caller denies it); I/O errors that say nothing about the artifact raise
 `ArtifactReadError` (retryable, nothing is denied).
+
+The directory may have been edited by a hostile or broken process of the same user, so
+every parser here is bounded (bytes, nesting, counts) and anything a parser raises on bad
+bytes becomes `InvalidArtifactError`. After a payload is mapped, its descriptor and name
+are checked again (size and inode), so a payload truncated or replaced between
+validation and the lease is an invalid artifact rather than a SIGBUS on first touch.
 """
 
 from __future__ import annotations
@@ -29,13 +35,18 @@ from ..manifest import (
     READY_FILE_NAME,
     FileManifestEntry,
     PublicationMarker,
+    TensorManifestEntry,
     WeightManifest,
     manifest_sha256,
 )
 from ..tensors import ValidationLevel, dtype_from_code, dtype_itemsize
 
 MAX_METADATA_FILE_BYTES = 64 * 1024 * 1024
+MAX_READY_FILE_BYTES = 64 * 1024
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+# What a parser may raise on hostile bytes; each one means "this artifact is invalid".
+_PARSE_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError)
 PUBLISHED_DIR_MODE = 0o555
 PUBLISHED_FILE_MODE = 0o444
 
@@ -121,9 +132,30 @@ def _read_error(exc: OSError, what: str) -> ArtifactReadError:
     )
 
 
-def _open_member(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
+def _stat_member(dir_fd: int, name: str) -> os.stat_result:
+    """lstat of a member, refusing anything but a regular file before it is ever opened.
+
+    Opening a planted FIFO would block and opening a device node may have side effects.
+    """
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise _invalid(FailureCode.PAYLOAD_INVALID, f"{name} is missing", file=name) from None
+        raise _read_error(exc, name) from exc
+    if stat.S_ISLNK(info.st_mode):
+        raise _invalid(
+            FailureCode.PAYLOAD_INVALID, f"{name} is a symlink; artifacts contain only regular files", file=name
+        )
+    if not stat.S_ISREG(info.st_mode):
+        raise _invalid(FailureCode.PAYLOAD_INVALID, f"{name} is not a regular file", file=name)
+    return info
+
+
+def _open_member(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
+    listed = _stat_member(dir_fd, name)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _invalid(
@@ -134,7 +166,7 @@ def _open_member(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
         raise _read_error(exc, name) from exc
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
+        if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) != (listed.st_dev, listed.st_ino):
             raise _invalid(FailureCode.PAYLOAD_INVALID, f"{name} is not a regular file", file=name)
         if info.st_nlink != 1:
             raise _invalid(FailureCode.PAYLOAD_INVALID, f"{name} has {info.st_nlink} hard links; expected 1", file=name)
@@ -169,11 +201,13 @@ def _read_exact(fd: int, size: int, offset: int, what: str) -> bytes:
     return b"".join(chunks)
 
 
-def _read_metadata_file(dir_fd: int, name: str) -> bytes:
+def _read_metadata_file(dir_fd: int, name: str, limit: int) -> bytes:
     fd, info = _open_member(dir_fd, name)
     try:
-        if info.st_size > MAX_METADATA_FILE_BYTES:
-            raise _invalid(FailureCode.MANIFEST_INVALID, f"{name} is implausibly large ({info.st_size} bytes)")
+        if info.st_size > limit:
+            raise _invalid(
+                FailureCode.MANIFEST_INVALID, f"{name} is implausibly large ({info.st_size} bytes; limit {limit})"
+            )
         fault_point("reader.read_metadata")
         return _read_exact(fd, info.st_size, 0, name)
     except OSError as exc:
@@ -196,18 +230,18 @@ def _check_directory(dir_fd: int, artifact_dir: Path) -> None:
 def _parse_marker_and_manifest(
     dir_fd: int, key: str, identity: WeightArtifactIdentity | None
 ) -> tuple[PublicationMarker, WeightManifest]:
-    ready_bytes = _read_metadata_file(dir_fd, READY_FILE_NAME)
+    ready_bytes = _read_metadata_file(dir_fd, READY_FILE_NAME, MAX_READY_FILE_BYTES)
     try:
         marker = PublicationMarker.from_bytes(ready_bytes)
-    except ValueError as exc:
-        raise _invalid(FailureCode.MANIFEST_INVALID, f"READY.json is invalid: {exc}") from None
-    manifest_bytes = _read_metadata_file(dir_fd, MANIFEST_FILE_NAME)
+    except _PARSE_ERRORS as exc:
+        raise _invalid(FailureCode.MANIFEST_INVALID, f"READY.json is invalid: {_reason(exc)}") from None
+    manifest_bytes = _read_metadata_file(dir_fd, MANIFEST_FILE_NAME, MAX_METADATA_FILE_BYTES)
     if manifest_sha256(manifest_bytes) != marker.manifest_sha256:
         raise _invalid(FailureCode.MANIFEST_INVALID, "manifest.json does not match the digest in READY.json")
     try:
         manifest = WeightManifest.from_bytes(manifest_bytes)
-    except (ValueError, KeyError) as exc:
-        raise _invalid(FailureCode.MANIFEST_INVALID, f"manifest.json is invalid: {exc}") from None
+    except _PARSE_ERRORS as exc:
+        raise _invalid(FailureCode.MANIFEST_INVALID, f"manifest.json is invalid: {_reason(exc)}") from None
     if marker.identity_key != key or manifest.identity_key != key:
         raise _invalid(FailureCode.IDENTITY_COLLISION, "the artifact's identity does not hash to its key")
     if identity is not None and manifest.identity != identity:
@@ -224,6 +258,17 @@ def _parse_marker_and_manifest(
     if marker.content_digest != manifest.content_digest:
         raise _invalid(FailureCode.MANIFEST_INVALID, "READY.json and manifest.json disagree on the content digest")
     return marker, manifest
+
+
+def _shown(names: set[str]) -> list[str]:
+    """At most ten names, as printable ASCII: planted names may be anything the filesystem allows."""
+    return [ascii(name)[1:-1][:120] for name in sorted(names)[:10]]
+
+
+def _reason(exc: BaseException) -> str:
+    """A parser's complaint, short enough for a message (hostile input can make it huge)."""
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 300 else text[:300] + "..."
 
 
 def _check_content_digest(manifest: WeightManifest) -> None:
@@ -243,25 +288,35 @@ def _check_header(fd: int, entry: FileManifestEntry, manifest: WeightManifest) -
     header_length = int.from_bytes(length_bytes, "little")
     if header_length > MAX_HEADER_BYTES or 8 + header_length != entry.header_size:
         raise _invalid(FailureCode.PAYLOAD_INVALID, f"{entry.name}: header length disagrees with the manifest")
+    raw = _read_exact(fd, header_length, 8, entry.name).rstrip(b" ")
+    # A header holds no floats (rejected while parsing) and no booleans; only when `true` or `false`
+    # appears at all must the entries be compared type by type (Python's True == 1).
+    loose_types = b"true" in raw or b"false" in raw
     try:
-        header = decode_json(_read_exact(fd, header_length, 8, entry.name).rstrip(b" "))
-    except ValueError as exc:
-        raise _invalid(FailureCode.PAYLOAD_INVALID, f"{entry.name}: malformed safetensors header: {exc}") from None
+        # The header's shape is checked entry by entry against the manifest below.
+        header = decode_json(raw, max_depth=None, floats=False)
+    except _PARSE_ERRORS as exc:
+        raise _invalid(
+            FailureCode.PAYLOAD_INVALID, f"{entry.name}: malformed safetensors header: {_reason(exc)}"
+        ) from None
     if not isinstance(header, dict):
         raise _invalid(FailureCode.PAYLOAD_INVALID, f"{entry.name}: safetensors header is not an object")
-    header.pop("__metadata__", None)
-    if set(header) != set(entry.tensors):
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or any(type(value) is not str for value in metadata.values()):
+        raise _invalid(FailureCode.PAYLOAD_INVALID, f"{entry.name}: __metadata__ must map strings to strings")
+    if len(header) != len(entry.tensors) or set(header) != set(entry.tensors):
         raise _invalid(FailureCode.PAYLOAD_INVALID, f"{entry.name}: header tensors differ from the manifest")
     data_size = entry.size - entry.header_size
     spans: list[tuple[int, int]] = []
     for name in entry.tensors:
-        described = header[name]
         tensor = manifest.tensor(name)
-        if not isinstance(described, dict) or described != {
-            "dtype": tensor.dtype,
-            "shape": list(tensor.shape),
-            "data_offsets": list(tensor.data_offsets),
-        }:
+        described = header[name]
+        if not (
+            _describes(described, tensor)
+            if loose_types
+            else described
+            == {"dtype": tensor.dtype, "shape": list(tensor.shape), "data_offsets": list(tensor.data_offsets)}
+        ):
             raise _invalid(
                 FailureCode.PAYLOAD_INVALID, f"{entry.name}: header entry for {name} differs from manifest", tensor=name
             )
@@ -280,9 +335,75 @@ def _check_header(fd: int, entry: FileManifestEntry, manifest: WeightManifest) -
         raise _invalid(FailureCode.PAYLOAD_INVALID, f"{entry.name}: tensor data does not cover the file exactly")
 
 
+def _exact_ints(value: object, expected: tuple[int, ...]) -> bool:
+    """A JSON list equal to `expected` holding exact ints (Python would let 1.0 or True compare equal to 1)."""
+    return (
+        type(value) is list
+        and len(value) == len(expected)
+        and all(type(item) is int and item == want for item, want in zip(value, expected, strict=True))
+    )
+
+
+def _describes(described: object, tensor: TensorManifestEntry) -> bool:
+    """Whether a header entry says exactly what the manifest says about `tensor`, types included."""
+    return (
+        type(described) is dict
+        and described.keys() == {"dtype", "shape", "data_offsets"}
+        and type(described["dtype"]) is str
+        and described["dtype"] == tensor.dtype
+        and _exact_ints(described["shape"], tensor.shape)
+        and _exact_ints(described["data_offsets"], tensor.data_offsets)
+    )
+
+
+def _recheck_mapped(
+    dir_fd: int, entry: FileManifestEntry, mapped: tuple[int, int], opened: os.stat_result | None
+) -> None:
+    """After mapping: the file still has the manifest's size and its name still names the mapped inode.
+
+    A payload truncated between validation and mapping would otherwise raise SIGBUS on first
+    touch; one renamed over would be served as the validated artifact. `mapped` is the
+    (device, inode) that was mapped and `opened` a fresh fstat of its descriptor, if still open.
+    """
+    try:
+        named = os.stat(entry.name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        raise _invalid(
+            FailureCode.PAYLOAD_INVALID, f"{entry.name} disappeared while it was being mapped", file=entry.name
+        ) from None
+    except OSError as exc:
+        raise _read_error(exc, entry.name) from exc
+    current = opened if opened is not None else named
+    if current.st_size != entry.size or named.st_size != entry.size:
+        raise _invalid(
+            FailureCode.PAYLOAD_INVALID,
+            f"{entry.name} changed size to {min(current.st_size, named.st_size)} bytes while it was being mapped; "
+            f"the manifest says {entry.size}. Something is modifying published artifacts",
+            file=entry.name,
+        )
+    if (current.st_dev, current.st_ino) != mapped or (named.st_dev, named.st_ino) != mapped:
+        raise _invalid(
+            FailureCode.PAYLOAD_INVALID,
+            f"{entry.name} was replaced while it was being mapped. Something is modifying published artifacts",
+            file=entry.name,
+        )
+    if current.st_nlink != 1 or stat.S_IMODE(current.st_mode) != PUBLISHED_FILE_MODE:
+        raise _invalid(
+            FailureCode.PAYLOAD_INVALID,
+            f"{entry.name} gained a link or lost its read-only mode while it was being mapped",
+            file=entry.name,
+        )
+
+
 def _map_payload(fd: int, info: os.stat_result, entry: FileManifestEntry) -> MappedPayload:
     try:
         mapping = mmap.mmap(fd, entry.size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    except ValueError:  # the file is now shorter than the manifest says: it shrank after validation
+        raise _invalid(
+            FailureCode.PAYLOAD_INVALID,
+            f"{entry.name} shrank while it was being mapped. Something is modifying published artifacts",
+            file=entry.name,
+        ) from None
     except OSError as exc:
         raise _read_error(exc, entry.name) from exc
     base = torch.frombuffer(mapping, dtype=torch.uint8)
@@ -366,8 +487,8 @@ def open_artifact(
             raise _invalid(
                 FailureCode.PAYLOAD_INVALID,
                 "the artifact directory does not hold exactly the listed files",
-                extra=sorted(present - expected),
-                missing=sorted(expected - present),
+                extra=_shown(present - expected),
+                missing=_shown(expected - present),
             )
         payloads: list[MappedPayload] = []
         for entry in manifest.files:
@@ -380,9 +501,18 @@ def open_artifact(
                         file=entry.name,
                     )
                 _check_header(fd, entry, manifest)
+                try:
+                    fault_point("reader.after_validate")
+                except OSError as exc:
+                    raise _read_error(exc, entry.name) from exc
                 payloads.append(_map_payload(fd, info, entry))
+                _recheck_mapped(dir_fd, entry, (info.st_dev, info.st_ino), os.fstat(fd))
             finally:
                 os.close(fd)
+        # Once more for every payload, under the caller's shared lock and before anything touches
+        # the mapped bytes: the name still names the mapped inode, which still has the manifest's size.
+        for payload in payloads:
+            _recheck_mapped(dir_fd, payload.entry, (payload.device, payload.inode), None)
         mapped = tuple(payloads)
         if validation is ValidationLevel.FULL_CHECKSUM:
             _check_content_digest(manifest)
