@@ -5,6 +5,7 @@ Inspection never writes: it does not deny, quarantine or remove anything.
 
 from __future__ import annotations
 
+import datetime
 import enum
 from dataclasses import dataclass
 
@@ -36,7 +37,12 @@ class LockActivity:
 
 @dataclass(frozen=True, slots=True)
 class ArtifactInspection:
-    """One entry of a domain's inventory."""
+    """One entry of a domain's inventory.
+
+    `size_bytes` is what the entry occupies on disk; `tensor_bytes` is the tensor data alone, the
+    figure `hwr prewarm` prints. The fields after `problem` come from a readable manifest (the
+    model's `built_from` record and the identity) and are None when there is none.
+    """
 
     key: str
     state: ArtifactState
@@ -47,6 +53,12 @@ class ArtifactInspection:
     model_id: str | None = None
     tensor_count: int | None = None
     problem: HostWeightFailure | None = None
+    component: str | None = None
+    revision: str | None = None
+    dtype: str | None = None
+    tensor_bytes: int | None = None
+    created_at_ns: int | None = None
+    source_paths: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
@@ -59,7 +71,21 @@ class ArtifactInspection:
             "model_id": self.model_id,
             "tensor_count": self.tensor_count,
             "problem": None if self.problem is None else self.problem.to_dict(),
+            "component": self.component,
+            "revision": self.revision,
+            "dtype": self.dtype,
+            "tensor_bytes": self.tensor_bytes,
+            "created_at_ns": self.created_at_ns,
+            "created_at": _iso_time(self.created_at_ns),
+            "source_paths": list(self.source_paths),
         }
+
+
+def _iso_time(ns: int | None) -> str | None:
+    """UTC ISO 8601 to the second, for JSON readers that want a date rather than nanoseconds."""
+    if ns is None:
+        return None
+    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True, slots=True)
