@@ -165,6 +165,7 @@ def _no_model_folder(
     suggestion = _suggested_component(components, subfolder)
     return usage_error(
         problem,
+        code=FailureCode.INVALID_CONFIGURATION,
         hint=None if suggestion is None else ArgumentHint(use=(("subfolder", suggestion),)),
         subfolder=subfolder,
         components=list[JsonValue](components),
