@@ -35,7 +35,7 @@ from ._output import (
 __all__ = ["group_by_model", "register", "run"]
 
 SHORT_REVISION = 8
-MIN_SHRUNK = 8
+MIN_SHRUNK = len("COMPONENT")
 NO_MODEL = "-"
 _SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
