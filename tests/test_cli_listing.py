@@ -321,3 +321,64 @@ def test_cleanup_needs_a_key_or_a_model_and_knows_the_models(domain: Domain) -> 
     unknown = _hwr("cleanup", "--model", "hwr-test/unknown", "--yes", "--root", str(domain.root))
     assert unknown.returncode == 1 and "hwr-test/unknown" in unknown.stderr
     assert len(list((domain.root / "artifacts").iterdir())) == 3
+
+
+# ----------------------------------------------------------------------------- README
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+README_MODEL = "black-forest-labs/FLUX.1-dev"
+
+
+def _readme_section(start: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    return text[text.index(start) :]
+
+
+def test_readme_hwr_session_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's `hwr` session, line by line in fresh processes, against a Hugging Face cache holding a small
+    real Flux pipeline under the README's repo id: every command exits 0 (KEY is the prefix `hwr inspect`
+    shows), inspect prints the inventory header, and the last cleanup leaves no artifact."""
+    isolate_environment(monkeypatch, tmp_path)
+    cache = tmp_path / "hub"
+    save_hub_snapshot(cache, README_MODEL, save_pipeline_folder(tmp_path / "flux", KIND, seed=5))
+    root = tmp_path / "domain"
+    block = _readme_section("A session on a node").split("```\n", 2)[1]
+    commands = [line.split("#", 1)[0].split() for line in block.splitlines() if line.startswith("hwr ")]
+    assert [command[1] for command in commands] == ["prewarm", "inspect", "inspect", "verify", "cleanup", "cleanup"]
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("HWR_")}
+    environment.update({"HWR_ROOT": str(root), "HF_HUB_CACHE": str(cache), "COLUMNS": "120"})
+    for written in commands:
+        keys = [path.name[:12] for path in (root / "artifacts").iterdir()] if "KEY" in written else []
+        command = [keys[0] if word == "KEY" and len(keys) == 1 else word for word in written]
+        completed = subprocess.run(
+            [sys.executable, "-m", "host_weight_runtime.cli", *command[1:]],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            env=environment,
+            check=False,
+        )
+        assert completed.returncode == 0, (command, completed.stderr)
+        if command[1] == "inspect":
+            assert "MODEL" in completed.stdout and README_MODEL in completed.stdout
+    assert list((root / "artifacts").iterdir()) == []
+
+
+def test_readme_command_table_lists_every_option() -> None:
+    """Each `hwr` command in the README's table names exactly the options its parser accepts."""
+    table = _readme_section("| command | what it does |").split("\n\n", 1)[0]
+    parser = cli.build_parser()
+    subparsers = next(action for action in parser._actions if action.dest == "command")
+    listed: dict[str, set[str]] = {}
+    for row in table.splitlines()[2:]:
+        usage = row.split("`", 2)[1]
+        name = usage.split()[1]
+        listed[name] = {word.strip("[]()") for word in usage.split() if word.strip("[]()").startswith("--")}
+    choices: dict[str, Any] = subparsers.choices  # type: ignore[attr-defined]
+    for name in ("inspect", "verify", "cleanup", "prewarm"):
+        accepted = {
+            option for action in choices[name]._actions for option in action.option_strings if option.startswith("--")
+        }
+        assert listed[name] == accepted - {"--help"}, name
