@@ -276,6 +276,21 @@ def test_bench_writes_json_and_a_markdown_table_of_every_row(bench_run: tuple[in
     assert data["machine"]["cpus"] is not None and str(data["machine"]["cpus"]) in text
 
 
+def test_bench_reports_the_cli_start_up(bench_run: tuple[int, Path]) -> None:
+    """The CLI start-up row: `hwr inspect` on the warm domain in fresh processes (at least 5, next to as many
+    `python -c pass`), importing neither torch nor diffusers; reported in the markdown and as a goal."""
+    _status, out = bench_run
+    data = _report(out)
+    startup = data["cli_startup"]
+    assert len(startup["inspect_s"]["samples"]) == len(startup["python_pass_s"]["samples"]) >= 5
+    assert startup["heavy_imports"] == []
+    assert startup["overhead_s"] == pytest.approx(startup["inspect_s"]["median"] - startup["python_pass_s"]["median"])
+    (markdown_file,) = out.glob("*.md")
+    assert "**CLI start-up**" in markdown_file.read_text()
+    [goal] = [goal for goal in data["goals"] if goal["goal"].startswith("`hwr inspect` start-up")]
+    assert goal["value"] == startup["inspect_s"]["median"] and goal["target"] == 1.0
+
+
 def _bench_until_paused(workdir: str, conn: Connection) -> None:
     """A child that runs a tiny benchmark and stops, reporting, just before the first row is measured."""
     from host_weight_runtime._faults import Fault, FaultAction, arm

@@ -185,13 +185,15 @@ def test_verify_bad_key_is_a_usage_error(root: Path, key: str) -> None:
 
 
 def test_cleanup_dry_run_removes_nothing(root: Path, key: str) -> None:
-    """--dry-run prints the plan (the artifact directory and its size) and leaves everything in place."""
+    """--dry-run prints the plan (the artifact directory and its size, as planned_*: nothing was removed)
+    and leaves everything in place."""
     store = FilesystemHostWeightStore(root)
     result = hwr("cleanup", key, "--dry-run", "--root", str(root), "--json")
     assert result.returncode == 0, result.stderr
     plan = as_json(result)
-    assert plan["dry_run"] is True and plan["removed_bytes"] > 0
-    assert str(store.layout.artifact_dir(key)) in plan["removed_paths"]
+    assert plan["dry_run"] is True and plan["planned_bytes"] > 0
+    assert "removed_bytes" not in plan and "removed_paths" not in plan
+    assert str(store.layout.artifact_dir(key)) in plan["planned_paths"]
     assert store.layout.artifact_dir(key).is_dir()
 
 

@@ -725,7 +725,7 @@ def test_prepare_local_folder_and_subfolder(tmp_path: Path) -> None:
     _model_folder(pipeline / "transformer")
     source = prepare_weight_source(str(pipeline), subfolder="transformer/")
     assert (source.subfolder, source.resolved_root) == ("transformer", pipeline / "transformer")
-    with pytest.raises(ValueError, match="subfolder='transformer'"):
+    with pytest.raises(ValueError, match='subfolder="transformer"'):
         prepare_weight_source(pipeline)
     with pytest.raises(ValueError, match="subfolder"):
         prepare_weight_source(pipeline, subfolder="../model")

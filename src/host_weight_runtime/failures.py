@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ._strict import get_bool, get_json, get_str, require_exact_keys, require_json_field, require_object
@@ -140,6 +142,91 @@ class HostWeightError(Exception):
         return (type(self), (self.failure,))
 
 
+@dataclass(frozen=True, slots=True)
+class ArgumentHint:
+    """The change to a call that fixes a failure, kept as data so each front end says it in its own syntax:
+    Python keywords (`subfolder='transformer'`) in the library's message, options (`--subfolder transformer`)
+    in `hwr`. A value of None stands for one the caller chooses."""
+
+    use: tuple[tuple[str, str | None], ...] = ()
+    drop: tuple[tuple[str, str], ...] = ()
+    lead: str = ""
+    """Words before the hint, such as 'or, for another cache,'."""
+
+    def __post_init__(self) -> None:
+        if not self.use and not self.drop:
+            raise ValueError("ArgumentHint needs an argument to use or to drop")
+
+    def render(self, spell: Callable[[str, str | None], str]) -> str:
+        """The hint with each argument spelled by `spell(name, value)`: 'pass A or B; drop C'."""
+        parts: list[str] = []
+        if self.use:
+            parts.append("pass " + " or ".join(spell(name, value) for name, value in self.use))
+        if self.drop:
+            parts.append("drop " + " and ".join(spell(name, value) for name, value in self.drop))
+        text = "; ".join(parts)
+        return f"{self.lead} {text}" if self.lead else text
+
+    def as_python(self) -> str:
+        """The hint as keyword arguments, quoted the way diffusers' own examples quote them."""
+        return self.render(lambda name, value: f"{name}=..." if value is None else f"{name}={json.dumps(value)}")
+
+    def to_value(self) -> JsonValue:
+        return {
+            "use": [[name, value] for name, value in self.use],
+            "drop": [list(pair) for pair in self.drop],
+            "lead": self.lead,
+        }
+
+    @classmethod
+    def of(cls, failure: HostWeightFailure) -> tuple[str, ArgumentHint] | None:
+        """The problem (the message without its hint) and the hint of a failure that carries one, else None."""
+        details = failure.details.to_value()
+        if not isinstance(details, dict):
+            return None
+        problem, hint = details.get("problem"), details.get("hint")
+        if not isinstance(problem, str) or not isinstance(hint, dict):
+            return None
+        try:
+            use = tuple(_pair(item) for item in _items(hint.get("use")))
+            drop = tuple(_named_value(_pair(item)) for item in _items(hint.get("drop")))
+            lead = hint.get("lead", "")
+            return problem, cls(use, drop, lead if isinstance(lead, str) else "")
+        except ValueError:
+            return None
+
+
+def _items(value: JsonValue) -> list[JsonValue]:
+    if not isinstance(value, list):
+        raise ValueError("not a list")
+    return value
+
+
+def _pair(item: JsonValue) -> tuple[str, str | None]:
+    if not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str):
+        raise ValueError("not a [name, value] pair")
+    name, value = item[0], item[1]
+    if value is not None and not isinstance(value, str):
+        raise ValueError("not a [name, value] pair")
+    return name, value
+
+
+def _named_value(pair: tuple[str, str | None]) -> tuple[str, str]:
+    name, value = pair
+    if value is None:
+        raise ValueError("a dropped argument has a value")
+    return name, value
+
+
+def _with_hint(message: str, hint: ArgumentHint | None, details: dict[str, JsonValue]) -> str:
+    """The message with the hint in Python syntax appended; records both parts in `details`."""
+    if hint is None:
+        return message
+    details["problem"] = message
+    details["hint"] = hint.to_value()
+    return f"{message}; {hint.as_python()}"
+
+
 class HostWeightUsageError(HostWeightError, ValueError):
     """A bad argument or input, said with what to fix; nothing was touched when it is raised.
 
@@ -149,9 +236,17 @@ class HostWeightUsageError(HostWeightError, ValueError):
 
 
 def usage_error(
-    message: str, *, code: FailureCode = FailureCode.INVALID_CONFIGURATION, **details: JsonValue
+    message: str,
+    *,
+    code: FailureCode = FailureCode.INVALID_CONFIGURATION,
+    hint: ArgumentHint | None = None,
+    **details: JsonValue,
 ) -> HostWeightUsageError:
-    """Build the exception for a caller's mistake (callers write `raise usage_error(...)`)."""
+    """Build the exception for a caller's mistake (callers write `raise usage_error(...)`).
+
+    A `hint` is appended to the message in Python syntax and kept in the details for `hwr` to render.
+    """
+    message = _with_hint(message, hint, details)
     return HostWeightUsageError(
         HostWeightFailure(ResolutionStage.CONFIGURATION, code, False, message, CanonicalJson.from_value(details))
     )
@@ -166,4 +261,18 @@ def raise_failure(
     **details: JsonValue,
 ) -> HostWeightError:
     """Build the exception for a failure (callers write `raise raise_failure(...)`)."""
+    return HostWeightError(failure(stage, code, message, retryable=retryable, **details))
+
+
+def hinted_failure(
+    stage: ResolutionStage,
+    code: FailureCode,
+    problem: str,
+    hint: ArgumentHint,
+    *,
+    retryable: bool = False,
+    **details: JsonValue,
+) -> HostWeightError:
+    """`raise_failure` for a failure one argument can fix; the hint as in `usage_error`."""
+    message = _with_hint(problem, hint, details)
     return HostWeightError(failure(stage, code, message, retryable=retryable, **details))

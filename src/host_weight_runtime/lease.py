@@ -14,9 +14,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
-from typing import NoReturn, Protocol
-
-import torch
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from ._faults import fault_point
 from .canonical_json import JsonValue
@@ -24,6 +22,9 @@ from .failures import FailureCode, ResolutionStage, raise_failure
 from .identity import WeightArtifactIdentity
 from .manifest import WeightManifest
 from .tensors import ValidationLevel
+
+if TYPE_CHECKING:
+    import torch
 
 
 class LeaseSource(str, enum.Enum):

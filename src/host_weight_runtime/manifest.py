@@ -25,7 +25,7 @@ from ._strict import (
 )
 from .canonical_json import CanonicalJson, JsonValue, decode_json, encode_canonical, is_canonical
 from .identity import WeightArtifactIdentity
-from .tensors import TensorKind, contiguous_strides, dtype_from_code, dtype_itemsize, numel_of
+from .tensors import TensorKind, contiguous_strides, itemsize_of_code, numel_of
 
 MANIFEST_SCHEMA_VERSION = 1
 READY_SCHEMA_VERSION = 1
@@ -103,7 +103,7 @@ class TensorManifestEntry:
         validate_file_name(self.file)
         if type(self.dtype) is not str:
             raise ValueError(f"tensor {self.name}: dtype must be a safetensors dtype code string")
-        dtype = dtype_from_code(self.dtype)
+        itemsize = itemsize_of_code(self.dtype)
         for label in ("shape", "strides", "data_offsets"):
             if type(getattr(self, label)) is not tuple:
                 raise ValueError(f"tensor {self.name}: {label} must be a tuple")
@@ -118,7 +118,7 @@ class TensorManifestEntry:
         begin, end = self.data_offsets
         if type(begin) is not int or type(end) is not int or begin < 0 or end < begin or end > MAX_BYTE_COUNT:
             raise ValueError(f"tensor {self.name}: bad data_offsets {self.data_offsets}")
-        if end - begin != numel_of(self.shape) * dtype_itemsize(dtype):
+        if end - begin != numel_of(self.shape) * itemsize:
             raise ValueError(f"tensor {self.name}: data_offsets do not match shape and dtype")
         if not isinstance(self.kind, TensorKind):
             raise ValueError(f"tensor {self.name}: kind must be a TensorKind")

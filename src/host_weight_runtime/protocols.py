@@ -11,13 +11,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import torch
-
 from .canonical_json import CanonicalJson
 from .identity import WeightArtifactIdentity
 from .tensors import TensorKind, ValidationLevel, dtype_itemsize, numel_of
 
 if TYPE_CHECKING:
+    import torch
+
     from .lease import HostWeightLease
     from .outcomes import StoreResult
 
@@ -81,6 +81,8 @@ class TensorWriteSpec:
             raise ValueError("TensorWriteSpec.name must be a non-empty str")
         if type(self.shape) is not tuple or any(type(d) is not int or d < 0 for d in self.shape):
             raise ValueError(f"TensorWriteSpec.shape must be a tuple of non-negative ints, got {self.shape!r}")
+        import torch  # whoever builds a spec holds a torch dtype, so torch is loaded already
+
         if not isinstance(self.dtype, torch.dtype):
             raise ValueError(f"TensorWriteSpec.dtype must be a torch.dtype, got {self.dtype!r}")
         if not isinstance(self.kind, TensorKind):

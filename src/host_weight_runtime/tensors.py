@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import enum
+import functools
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class TensorKind(str, enum.Enum):
@@ -21,54 +24,102 @@ class ValidationLevel(str, enum.Enum):
     FULL_CHECKSUM = "full_checksum"
 
 
-def _optional_dtypes() -> dict[str, torch.dtype]:
+# The dtype codes of the safetensors format with their item sizes. Validating a manifest or a
+# header needs only these, so `hwr inspect`/`verify`/`cleanup` never import torch; mapping a
+# code to a torch dtype (which needs torch) is `dtype_from_code`.
+SAFETENSORS_ITEMSIZES: dict[str, int] = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "I16": 2,
+    "I32": 4,
+    "I64": 8,
+    "F16": 2,
+    "BF16": 2,
+    "F32": 4,
+    "F64": 8,
+    "C64": 8,
+    "F8_E4M3": 1,
+    "F8_E4M3FNUZ": 1,
+    "F8_E5M2": 1,
+    "F8_E5M2FNUZ": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+}
+
+_TORCH_NAMES: dict[str, str] = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "I32": "int32",
+    "I64": "int64",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F32": "float32",
+    "F64": "float64",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "U16": "uint16",
+    "U32": "uint32",
+    "U64": "uint64",
+}
+
+
+@functools.cache
+def safetensors_dtypes() -> dict[str, torch.dtype]:
+    """The codes this torch build can map to a dtype (the optional ones need a recent torch); imports torch."""
+    import torch
+
     found: dict[str, torch.dtype] = {}
-    for code, attribute in (
-        ("F8_E4M3", "float8_e4m3fn"),
-        ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
-        ("F8_E5M2", "float8_e5m2"),
-        ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
-        ("U16", "uint16"),
-        ("U32", "uint32"),
-        ("U64", "uint64"),
-    ):
+    for code, attribute in _TORCH_NAMES.items():
         dtype = getattr(torch, attribute, None)
         if isinstance(dtype, torch.dtype):
             found[code] = dtype
     return found
 
 
-# The dtype codes of the safetensors format, restricted to what stock safetensors reads.
-SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
-    "BOOL": torch.bool,
-    "U8": torch.uint8,
-    "I8": torch.int8,
-    "I16": torch.int16,
-    "I32": torch.int32,
-    "I64": torch.int64,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F32": torch.float32,
-    "F64": torch.float64,
-    "C64": torch.complex64,
-    **_optional_dtypes(),
-}
-_CODE_BY_DTYPE: dict[torch.dtype, str] = {dtype: code for code, dtype in SAFETENSORS_DTYPES.items()}
+@functools.cache
+def _code_by_dtype() -> dict[torch.dtype, str]:
+    return {dtype: code for code, dtype in safetensors_dtypes().items()}
+
+
+if TYPE_CHECKING:
+    SAFETENSORS_DTYPES: dict[str, torch.dtype]
+else:
+
+    def __getattr__(name: str) -> object:
+        """`SAFETENSORS_DTYPES` (code to torch dtype) is built on first use, so importing this module needs no torch."""
+        if name == "SAFETENSORS_DTYPES":
+            return safetensors_dtypes()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def dtype_code(dtype: torch.dtype) -> str:
     """The safetensors code for a torch dtype, or ValueError when the format has none."""
     try:
-        return _CODE_BY_DTYPE[dtype]
+        return _code_by_dtype()[dtype]
     except KeyError:
         raise ValueError(
-            f"dtype {dtype} has no safetensors encoding; supported: {sorted(SAFETENSORS_DTYPES)}"
+            f"dtype {dtype} has no safetensors encoding; supported: {sorted(safetensors_dtypes())}"
         ) from None
 
 
 def dtype_from_code(code: str) -> torch.dtype:
     try:
-        return SAFETENSORS_DTYPES[code]
+        return safetensors_dtypes()[code]
+    except KeyError:
+        raise ValueError(f"unknown safetensors dtype code {code!r}") from None
+
+
+def itemsize_of_code(code: str) -> int:
+    """The item size of a safetensors dtype code without importing torch; ValueError for an unknown code."""
+    try:
+        return SAFETENSORS_ITEMSIZES[code]
     except KeyError:
         raise ValueError(f"unknown safetensors dtype code {code!r}") from None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from rich.prompt import Confirm
 from rich.text import Text
 
 from ..canonical_json import JsonValue
-from ..failures import HostWeightError, HostWeightUsageError
+from ..failures import ArgumentHint, HostWeightError, HostWeightFailure, HostWeightUsageError
 
 __all__ = [
     "EXIT_FAILURE",
@@ -39,9 +40,14 @@ __all__ = [
     "UsageError",
     "add_json_option",
     "ago",
+
+
+    "age",
     "byte_progress",
     "confirm",
+    "failure_message",
     "limit",
+    "option_spelling",
     "print_json",
     "run_command",
     "seconds",
@@ -49,6 +55,8 @@ __all__ = [
     "size",
     "stderr_console",
     "stdout_console",
+    "timestamp",
+    "wide_console",
 ]
 
 EXIT_OK = 0
@@ -57,6 +65,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 SHORT_KEY = 12
+WIDE_COLUMNS = 1000
 
 
 class UsageError(Exception):
@@ -70,6 +79,11 @@ class ReportedError(Exception):
 def stdout_console() -> Console:
     """Results go to stdout, without rich's guessed highlighting so keys and paths print as they are."""
     return Console(highlight=False, soft_wrap=True)
+
+
+def wide_console() -> Console:
+    """Results for `--wide`: every value in full on one line, however wide the terminal (like `ps ww`)."""
+    return Console(highlight=False, soft_wrap=True, width=WIDE_COLUMNS)
 
 
 def stderr_console() -> Console:
@@ -126,6 +140,27 @@ def ago(timestamp_ns: int | None, *, now_ns: int | None = None) -> str:
     return f"{elapsed:.0f} s ago"
 
 
+def age(elapsed_ns: int) -> str:
+    """How long ago, the way `hf cache scan` says it: 'just now', '5 min ago', '3 days ago'."""
+    elapsed = max(elapsed_ns, 0) / 1e9
+    for unit, plural, length in (
+        ("year", "years", 365 * 86400),
+        ("week", "weeks", 7 * 86400),
+        ("day", "days", 86400),
+        ("hour", "hours", 3600),
+        ("min", "min", 60),
+    ):
+        count = int(elapsed // length)
+        if count:
+            return f"{count} {unit if count == 1 else plural} ago"
+    return "just now"
+
+
+def timestamp(ns: int) -> str:
+    """A point in time in the local zone, to the second."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
+
+
 def byte_progress(verb: str) -> Progress:
     """A transient progress bar on stderr for long byte-bound work (hashing, streaming)."""
     return Progress(
@@ -147,6 +182,21 @@ def confirm(question: str, console: Console) -> bool:
         return False
 
 
+def option_spelling(name: str, value: str | None) -> str:
+    """A library argument as the `hwr` option that sets it: subfolder='transformer' is `--subfolder transformer`."""
+    option = "--" + name.replace("_", "-")
+    return f"{option} ..." if value is None else f"{option} {shlex.quote(value)}"
+
+
+def failure_message(problem: HostWeightFailure) -> str:
+    """A failure's message, with a library hint (`subfolder="transformer"`) said as options (`--subfolder ...`)."""
+    hinted = ArgumentHint.of(problem)
+    if hinted is None:
+        return problem.message
+    text, hint = hinted
+    return f"{text}; {hint.render(option_spelling)}"
+
+
 def run_command(command: str, action: Callable[[], int]) -> int:
     """Run one command and map what it raises to a one-line message on stderr and an exit code."""
     try:
@@ -158,11 +208,11 @@ def run_command(command: str, action: Callable[[], int]) -> int:
         stderr_console().print(Text(f"hwr {command}: {exc}"))
         return EXIT_FAILURE
     except HostWeightUsageError as exc:  # a bad argument or model folder: a usage error, whatever its family
-        stderr_console().print(Text(f"hwr {command}: {exc.failure.message}"))
+        stderr_console().print(Text(f"hwr {command}: {failure_message(exc.failure)}"))
         return EXIT_USAGE
     except HostWeightError as exc:
         problem = exc.failure
-        stderr_console().print(Text(f"hwr {command}: [{problem.code.value}] {problem.message}"))
+        stderr_console().print(Text(f"hwr {command}: [{problem.code.value}] {failure_message(problem)}"))
         return EXIT_FAILURE
     except ValueError as exc:
         stderr_console().print(Text(f"hwr {command}: {exc}"))

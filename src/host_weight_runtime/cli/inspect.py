@@ -1,9 +1,17 @@
-"""`hwr inspect`: the domain (filesystem, capacity, policy) and every artifact in it."""
+"""`hwr inspect`: the domain (filesystem, capacity, policy) and its artifacts, grouped per model.
+
+The inventory reads like `hf cache scan`: one row per artifact, the rows of a model together,
+long values cut with an ellipsis rather than wrapped; `--wide` prints every value in full
+(lines may then be wider than the terminal) and `--json` carries every field.
+"""
 
 from __future__ import annotations
 
 import argparse
+import time
+from collections.abc import Sequence
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -13,22 +21,31 @@ from ._command import Subcommands, add_command
 from ._domain import add_root_option, domain_root, open_existing
 from ._output import (
     EXIT_OK,
-    SHORT_KEY,
     add_json_option,
-    ago,
+    age,
     limit,
     print_json,
     short_key,
     size,
     stdout_console,
+    timestamp,
+    wide_console,
 )
 
-__all__ = ["register", "run"]
+__all__ = ["group_by_model", "register", "run"]
+
+SHORT_REVISION = 8
+MIN_SHRUNK = len("COMPONENT")
+NO_MODEL = "-"
+_SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
 
 def register(commands: Subcommands) -> None:
-    """Add `hwr inspect [--root DIR] [--json]`."""
+    """Add `hwr inspect [--wide] [--root DIR] [--json]`."""
     sub = add_command(commands, "inspect", run, "show the domain (filesystem, capacity, policy) and its artifacts")
+    sub.add_argument(
+        "--wide", action="store_true", help="print full keys, revisions, times and paths (lines may be long)"
+    )
     add_root_option(sub)
     add_json_option(sub)
 
@@ -40,16 +57,29 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(snapshot.to_dict())
     else:
-        _render_domain(stdout_console(), snapshot)
+        console = wide_console() if args.wide else stdout_console()
+        _render_domain(console, snapshot, wide=args.wide)
     return EXIT_OK
 
 
-def _render_domain(console: Console, snapshot: DomainInspection) -> None:
+def group_by_model(artifacts: Sequence[ArtifactInspection]) -> list[tuple[str, list[ArtifactInspection]]]:
+    """Artifacts per model id (entries without a readable manifest last), each group oldest first."""
+    groups: dict[str, list[ArtifactInspection]] = {}
+    for entry in artifacts:
+        groups.setdefault(entry.model_id or NO_MODEL, []).append(entry)
+    ordered = sorted(groups.items(), key=lambda item: (item[0] == NO_MODEL, item[0]))
+    return [
+        (model, sorted(entries, key=lambda e: (e.component or "", e.created_at_ns or 0, e.key)))
+        for model, entries in ordered
+    ]
+
+
+def _render_domain(console: Console, snapshot: DomainInspection, *, wide: bool) -> None:
     capacity = snapshot.capacity
     policy = capacity.policy
     facts = Table.grid(padding=(0, 2))
-    facts.add_column(style="bold")
-    facts.add_column()
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column(overflow="fold")
     facts.add_row("root", snapshot.root)
     facts.add_row("domain id", snapshot.domain_id)
     facts.add_row("scope", snapshot.scope)
@@ -72,33 +102,99 @@ def _render_domain(console: Console, snapshot: DomainInspection) -> None:
     if not snapshot.artifacts:
         console.print("no artifacts")
         return
-    table = Table(title=f"inventory ({len(snapshot.artifacts)})", title_justify="left")
-    for column in ("key", "state", "size", "model", "tensors", "last used", "leases", "locks held", "problem"):
-        wraps = column in ("model", "problem")
+    groups = group_by_model(snapshot.artifacts)
+    console.print(_inventory(groups, wide=wide, width=console.width))
+    console.print(Text(_summary(groups)))
+
+
+def _inventory(groups: list[tuple[str, list[ArtifactInspection]]], *, wide: bool, width: int) -> Table:
+    names = ["MODEL", "COMPONENT", "REVISION", "DTYPE", "SIZE", "TENSORS", "CREATED"]
+    names += ["LAST USED", "LEASES", "STATE", "KEY"]
+    if wide:
+        names += ["SOURCE", "PATH"]
+    now_ns = time.time_ns()
+    rows: list[list[Text]] = []
+    sections: list[bool] = []
+    for _model, entries in groups:
+        for index, entry in enumerate(entries):
+            row = [
+                Text(entry.model_id or NO_MODEL),
+                Text(entry.component or "-"),
+                Text(_revision(entry.revision, wide=wide)),
+                Text(_dtype(entry.dtype, wide=wide)),
+                Text(size(entry.tensor_bytes if entry.tensor_bytes is not None else entry.size_bytes)),
+                Text("-" if entry.tensor_count is None else str(entry.tensor_count)),
+                Text(_created(entry.created_at_ns, now_ns, wide=wide)),
+                Text(_created(entry.last_used_ns, now_ns, wide=wide)),
+                Text(str(entry.live_leases)),
+                _state(entry),
+                Text(entry.key if wide else short_key(entry.key)),
+            ]
+            if wide:
+                row += [Text(", ".join(entry.source_paths) or "-"), Text(entry.path)]
+            rows.append(row)
+            sections.append(index == len(entries) - 1)
+    widths = [max([len(name), *(row[column].cell_len for row in rows)]) for column, name in enumerate(names)]
+    if not wide:
+        widths[0], widths[1] = _shrunk(widths[0], widths[1], room=width - (sum(widths[2:]) + len(names) - 1))
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", padding=0)
+    for name, column_width in zip(names, widths, strict=True):
         table.add_column(
-            column,
-            justify="right" if column in ("size", "tensors", "leases") else "left",
-            no_wrap=not wraps,
-            overflow="fold" if wraps else "ellipsis",
-            min_width=SHORT_KEY if column == "key" else None,
+            name,
+            justify="right" if name in ("SIZE", "TENSORS", "LEASES") else "left",
+            no_wrap=True,
+            overflow="ellipsis",
+            width=column_width,
         )
-    for entry in snapshot.artifacts:
-        table.add_row(
-            short_key(entry.key),
-            Text(entry.state.value, style="green" if entry.state is ArtifactState.READY else "red"),
-            size(entry.size_bytes),
-            Text(entry.model_id or "-"),
-            "-" if entry.tensor_count is None else str(entry.tensor_count),
-            ago(entry.last_used_ns),
-            str(entry.live_leases),
-            _locks_text(entry),
-            Text(entry.problem.code.value if entry.problem is not None else "-"),
-        )
-    console.print(table)
+    for row, last in zip(rows, sections, strict=True):
+        table.add_row(*row, end_section=last)
+    return table
 
 
-def _locks_text(entry: ArtifactInspection) -> str:
-    held = [
-        name for name, active in (("build", entry.locks.build_active), ("lease", entry.locks.lease_active)) if active
-    ]
-    return "+".join(held) if held else "-"
+def _shrunk(model: int, component: int, *, room: int) -> tuple[int, int]:
+    """Widths for the model and component columns in `room` columns: only these two give way on a narrow
+    terminal (cut with an ellipsis), so keys, sizes and times always print whole."""
+    if model + component <= room:
+        return model, component
+    component = min(component, max(room // 3, MIN_SHRUNK))
+    return max(room - component, MIN_SHRUNK), component
+
+
+def _dtype(dtype: str | None, *, wide: bool) -> str:
+    if dtype is None:
+        return "-"
+    return dtype if wide else _SHORT_DTYPES.get(dtype, dtype)
+
+
+def _revision(revision: str | None, *, wide: bool) -> str:
+    if revision is None:
+        return "-"
+    return revision if wide else "+".join(part[:SHORT_REVISION] for part in revision.split("+"))
+
+
+def _created(created_at_ns: int | None, now_ns: int, *, wide: bool) -> str:
+    if created_at_ns is None:
+        return "-"
+    return timestamp(created_at_ns) if wide else age(now_ns - created_at_ns)
+
+
+def _state(entry: ArtifactInspection) -> Text:
+    """The state, what holds the artifact now (a build, a lease) and the problem code, in one short cell."""
+    text = Text(entry.state.value, style="green" if entry.state is ArtifactState.READY else "red")
+    locks = entry.locks
+    held = [name for name, active in (("building", locks.build_active), ("leased", locks.lease_active)) if active]
+    if entry.problem is not None:
+        held.append(entry.problem.code.value)
+    if held:
+        text.append(f" ({', '.join(held)})")
+    return text
+
+
+def _summary(groups: list[tuple[str, list[ArtifactInspection]]]) -> str:
+    entries = [entry for _model, group in groups for entry in group]
+    models = sum(1 for model, _group in groups if model != NO_MODEL)
+    tensors = sum(entry.tensor_bytes or 0 for entry in entries)
+    disk = sum(entry.size_bytes for entry in entries)
+    noun = "artifact" if len(entries) == 1 else "artifacts"
+    model_noun = "model" if models == 1 else "models"
+    return f"{len(entries)} {noun} from {models} {model_noun}: {size(tensors)} of tensors, {size(disk)} on disk"

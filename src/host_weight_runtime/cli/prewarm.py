@@ -20,10 +20,13 @@ __all__ = ["register", "run"]
 
 
 def register(commands: Subcommands) -> None:
-    """Add `hwr prewarm MODEL [--subfolder] [--revision] [--cache-dir] [--root DIR] [--json]`."""
+    """Add `hwr prewarm MODEL [--subfolder] [--variant] [--revision] [--cache-dir] [--root DIR] [--json]`."""
     sub = add_command(commands, "prewarm", run, "build a diffusers model's artifact straight from its checkpoint")
     sub.add_argument("model", help="diffusers model or pipeline folder, or a repo id in the local HF cache")
     sub.add_argument("--subfolder", default=None, help="component folder inside a pipeline, e.g. transformer")
+    sub.add_argument(
+        "--variant", default=None, help="weight variant, e.g. fp16 for *.fp16.safetensors (as diffusers' variant=)"
+    )
     sub.add_argument("--revision", default=None, help="cache revision (branch, tag or commit); default main")
     sub.add_argument("--cache-dir", default=None, metavar="DIR", help="Hugging Face cache (default: $HF_HUB_CACHE)")
     add_root_option(sub)
@@ -39,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     runtime = HostWeightRuntime(runtime_config(args.root))
     kwargs: dict[str, Any] = {
         "subfolder": args.subfolder,
+        "variant": args.variant,
         "revision": args.revision,
         "runtime": runtime,
         "cache_dir": args.cache_dir,
@@ -60,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
             {
                 "model": str(args.model),
                 "subfolder": args.subfolder,
+                "variant": args.variant,
                 "identity_key": result.identity_key,
                 "total_bytes": result.total_bytes,
                 "tensor_count": result.tensor_count,

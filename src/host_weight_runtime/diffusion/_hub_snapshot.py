@@ -16,7 +16,7 @@ import re
 import stat
 from pathlib import Path, PurePosixPath
 
-from ..failures import FailureCode, HostWeightError, ResolutionStage, raise_failure
+from ..failures import ArgumentHint, FailureCode, HostWeightError, ResolutionStage, hinted_failure
 from ._weight_source import relative_parts
 
 _HUB_BLOB_NAME = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
@@ -96,12 +96,15 @@ def _hub_cache_dir(cache_dir: Path | None) -> Path:
 
 
 def not_cached(repo_id: str, revision: str, looked_in: Path, reason: str) -> HostWeightError:
-    return raise_failure(
+    """NOT_FOUND for a repo, revision or file the local cache lacks; says how to fetch it (HWR never downloads)."""
+    fetch = f"hf download {repo_id}" if revision == "main" else f"hf download {repo_id} --revision {revision}"
+    return hinted_failure(
         ResolutionStage.CANONICAL,
         FailureCode.NOT_FOUND,
         f"model {repo_id!r} (revision {revision!r}) is not in the local Hugging Face cache: {reason} "
-        f"(looked in {looked_in}). HWR never downloads; fetch it first (for example "
-        f"`huggingface-cli download {repo_id}`), or pass cache_dir / set HF_HUB_CACHE to the cache that holds it",
+        f"(looked in {looked_in}). HWR never downloads: fetch it first with `{fetch}`, or set HF_HUB_CACHE "
+        f"to the cache that holds it",
+        ArgumentHint(use=(("cache_dir", None),), lead="or"),
         repo_id=repo_id,
         revision=revision,
         looked_in=str(looked_in),

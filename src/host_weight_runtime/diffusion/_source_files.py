@@ -6,6 +6,7 @@ import re
 from pathlib import Path, PurePosixPath
 
 from ..canonical_json import decode_json
+from ..failures import ArgumentHint, usage_error
 from ._weight_source import MAX_LISTED, relative_parts
 
 _INDEX_LIMIT_BYTES = 64 * 1024 * 1024
@@ -73,7 +74,8 @@ def _holds_plain_weights(root: Path, use_safetensors: bool | None) -> bool:
 def select_weight_files(
     root: Path, variant: str | None = None, use_safetensors: bool | None = None
 ) -> tuple[tuple[Path, ...], bool]:
-    """The files the ordinary loader would read from `root`; ValueError saying what is missing.
+    """The files the ordinary loader would read from `root`; ValueError saying what is missing (a
+    `HostWeightUsageError` with an `ArgumentHint` when another `variant` argument would find weights).
 
     `variant` and `use_safetensors` choose among them as diffusers' `from_pretrained` does.
     """
@@ -101,11 +103,16 @@ def select_weight_files(
             )
         return tuple(sorted(set(files))), safe
     names = ", ".join(name for name, _is_index, _safe in candidates)
+    problem = f"{root} holds no weight file the loader reads (looked for {names})"
     variants = _variant_files(root)
-    hint = ""
     if variants:
-        found = " or ".join(sorted({f'variant="{name.split(".")[-2]}"' for name in variants}))
-        hint = f"; it holds variant weight files {variants[:MAX_LISTED]}: pass {found}"
-    elif variant is not None and _holds_plain_weights(root, use_safetensors):
-        hint = f"; it holds weights without a variant: drop variant={variant!r}"
-    raise ValueError(f"{root} holds no weight file the loader reads (looked for {names}){hint}")
+        found = sorted({name.split(".")[-2] for name in variants})
+        raise usage_error(
+            f"{problem}; it holds variant weight files {variants[:MAX_LISTED]}",
+            hint=ArgumentHint(use=tuple(("variant", name) for name in found)),
+        )
+    if variant is not None and _holds_plain_weights(root, use_safetensors):
+        raise usage_error(
+            f"{problem}; it holds weights without a variant", hint=ArgumentHint(drop=(("variant", variant),))
+        )
+    raise ValueError(problem)

@@ -29,11 +29,13 @@ Only a source that changes fails a load. The parts live in private modules, one 
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path, PurePosixPath
 
-from ..failures import FailureCode, ResolutionStage, raise_failure
+from ..canonical_json import JsonValue
+from ..failures import ArgumentHint, FailureCode, HostWeightUsageError, ResolutionStage, raise_failure, usage_error
 from ._digest_cache import NodeSourceDigestCache
 from ._file_state import FileState
 from ._hub_snapshot import hub_blob_content_id, hub_snapshot, not_cached
@@ -45,7 +47,7 @@ from ._source_snapshot import (
     is_content_id_known,
     snapshot_sources,
 )
-from ._weight_source import PreparedWeightSource, WeightSourceKind, relative_parts, resolved_revision
+from ._weight_source import MAX_LISTED, PreparedWeightSource, WeightSourceKind, relative_parts, resolved_revision
 
 __all__ = [
     "FileState",
@@ -89,10 +91,10 @@ def prepare_weight_source(
         sub_parts = relative_parts("/".join(PurePosixPath(subfolder).parts), "subfolder")
     normal_subfolder = "/".join(sub_parts) if sub_parts else None
     if os.path.isdir(text):
-        root = Path(os.path.abspath(text)).joinpath(*sub_parts)
+        top = Path(os.path.abspath(text))
+        root = top.joinpath(*sub_parts)
         if not (root / "config.json").is_file():
-            hint = "" if subfolder else "; for a pipeline folder pass the component, e.g. subfolder='transformer'"
-            raise ValueError(f"{root} has no config.json, so it is not a diffusers model folder{hint}")
+            raise _no_model_folder(top, root, normal_subfolder, where=str(top))
         files, safe = select_weight_files(root, variant, use_safetensors)
         return PreparedWeightSource(
             text, revision, root, normal_subfolder, prefix, files, safe, WeightSourceKind.LOCAL_PATH
@@ -109,11 +111,64 @@ def prepare_weight_source(
     root = snapshot.joinpath(*sub_parts)
     wanted = revision if revision is not None else "main"
     if not (root / "config.json").is_file():
-        raise not_cached(text, wanted, root, "the snapshot has no config.json there (a partial download?)")
+        if (root.is_dir() and normal_subfolder is not None) or not _component_folders(snapshot):
+            raise not_cached(text, wanted, root, "the snapshot has no config.json there (a partial download?)")
+        where = f"snapshot {snapshot.name[:12]} of {text!r} (revision {wanted!r})"
+        raise _no_model_folder(snapshot, root, normal_subfolder, where=where, repo_id=text, revision=wanted)
     try:
         files, safe = select_weight_files(root, variant, use_safetensors)
+    except HostWeightUsageError:
+        raise  # another `variant` would find weights: the call is wrong, not the cache
     except ValueError as exc:
         raise not_cached(text, wanted, root, str(exc)) from exc
     return PreparedWeightSource(
         text, revision, root, normal_subfolder, prefix, files, safe, WeightSourceKind.HUGGING_FACE_HUB
+    )
+
+
+# The component a pipeline folder is most often loaded for, first (the runtime serves DiTs and UNets).
+_PREFERRED_COMPONENTS = ("transformer", "unet")
+
+
+def _component_folders(top: Path) -> list[str]:
+    """The subfolders of a pipeline folder that hold a config.json (the components `subfolder` can name)."""
+    try:
+        return sorted(entry.name for entry in top.iterdir() if (entry / "config.json").is_file())
+    except OSError:
+        return []
+
+
+def _suggested_component(components: list[str], given: str | None) -> str | None:
+    """The component to suggest: the closest to a misspelt `subfolder`, else the usual one, else the only one."""
+    if given is not None:
+        close = difflib.get_close_matches(given, components, n=1)
+        if close:
+            return close[0]
+    preferred = [name for name in _PREFERRED_COMPONENTS if name in components]
+    if preferred:
+        return preferred[0]
+    return components[0] if len(components) == 1 else None
+
+
+def _no_model_folder(
+    top: Path, root: Path, subfolder: str | None, *, where: str, **details: JsonValue
+) -> HostWeightUsageError:
+    """The folder (or pipeline component) named by the call holds no model: say which subfolders do."""
+    components = _component_folders(top)
+    if subfolder is not None and not root.is_dir():
+        problem = f"subfolder {subfolder!r} does not exist in {where}"
+    else:
+        problem = f"{root} has no config.json, so it is not a diffusers model folder"
+    if components:
+        listed = ", ".join(components[:MAX_LISTED]) + (" ..." if len(components) > MAX_LISTED else "")
+        problem += f"; the subfolders that hold a config.json: {listed}"
+    suggestion = _suggested_component(components, subfolder)
+    return usage_error(
+        problem,
+        code=FailureCode.INVALID_CONFIGURATION,
+        hint=None if suggestion is None else ArgumentHint(use=(("subfolder", suggestion),)),
+        subfolder=subfolder,
+        components=list[JsonValue](components),
+        looked_in=str(root),
+        **details,
     )

@@ -6,11 +6,13 @@ Also the check that turns one `write_tensor` / `write_rows` call into the row in
 from __future__ import annotations
 
 import bisect
-
-import torch
+from typing import TYPE_CHECKING
 
 from ._safetensors_layout import Placement
 from ._write_failures import producer_failed
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["RowCoverage", "rows_of_write"]
 
@@ -65,6 +67,8 @@ def rows_of_write(file_name: str, placement: Placement, start_row: int | None, t
 
     `start_row` is None for `write_tensor` (the whole tensor) and the first row for `write_rows`.
     """
+    import torch  # the producer holds a tensor, so this is a lookup; the module itself stays torch-free
+
     spec = placement.spec
     where = f"{file_name}: tensor {spec.name}"
     if not isinstance(tensor, torch.Tensor):

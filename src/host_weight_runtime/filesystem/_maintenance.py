@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ..canonical_json import JsonValue
 from ..failures import FailureCode, HostWeightError, ResolutionStage, failure
 from ..identity import WeightArtifactIdentity
 from ..manifest import WeightManifest
@@ -205,6 +206,7 @@ class DomainMaintenance:
             lock.release()
         manifest = validated.manifest
         denied = self._deny.present(key)
+        sources = _built_from_sources(manifest)
         return ArtifactInspection(
             key,
             ArtifactState.DENIED if denied else ArtifactState.READY,
@@ -217,6 +219,12 @@ class DomainMaintenance:
             problem=self._deny.failure(key) if denied else None,
             last_used_ns=used,
             live_leases=leases,
+            component=_component(manifest, sources),
+            revision=_joined(source.get("revision") for source in sources),
+            dtype=manifest.identity.representation.dtype.removeprefix("torch."),
+            tensor_bytes=sum(end - begin for begin, end in (entry.data_offsets for entry in manifest.tensors)),
+            created_at_ns=validated.marker.published_at_ns,
+            source_paths=tuple(path for path in (source.get("path") for source in sources) if isinstance(path, str)),
         )
 
     def inspect_domain(self) -> DomainInspection:
@@ -338,3 +346,29 @@ def _display_model_id(manifest: WeightManifest) -> str:
     built_from = metadata.get("built_from") if isinstance(metadata, dict) else None
     model_id = built_from.get("model_id") if isinstance(built_from, dict) else None
     return model_id if isinstance(model_id, str) and model_id else manifest.identity.source.model_id
+
+
+def _built_from_sources(manifest: WeightManifest) -> list[dict[str, JsonValue]]:
+    """The `format_metadata.built_from.sources` records (where the checkpoint was read), or none."""
+    metadata = manifest.format_metadata.to_value()
+    built_from = metadata.get("built_from") if isinstance(metadata, dict) else None
+    sources = built_from.get("sources") if isinstance(built_from, dict) else None
+    return [source for source in sources if isinstance(source, dict)] if isinstance(sources, list) else []
+
+
+def _joined(values: Iterable[JsonValue]) -> str | None:
+    """Distinct non-empty strings in first-seen order, joined by '+' (an artifact built from several sources)."""
+    seen = dict.fromkeys(value for value in values if isinstance(value, str) and value)
+    return "+".join(seen) or None
+
+
+def _component(manifest: WeightManifest, sources: list[dict[str, JsonValue]]) -> str:
+    """The component folder(s) the artifact holds (`transformer`), else the producer's component names."""
+    subfolders = _joined(source.get("subfolder") for source in sources)
+    if subfolders is not None:
+        return subfolders
+    component = manifest.identity.component
+    metadata = component.metadata.to_value()
+    dits = metadata.get("dits") if isinstance(metadata, dict) else None
+    names = _joined(dit.get("name") for dit in dits if isinstance(dit, dict)) if isinstance(dits, list) else None
+    return names or component.name

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..canonical_json import JsonValue, encode_canonical
 from ..protocols import TensorWriteSpec
 from ..tensors import dtype_code, dtype_itemsize
 from ._write_failures import producer_failed
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["HEADER_ALIGNMENT", "METADATA_KEY", "FileLayout", "Placement", "check_specs", "plan_layout", "tensor_bytes"]
 
@@ -115,6 +117,8 @@ def plan_layout(specs: tuple[TensorWriteSpec, ...]) -> FileLayout:
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """A flat uint8 view of the tensor's bytes; copies only when the input is not contiguous."""
+    import torch  # the caller holds a tensor, so this is a lookup; the module itself stays torch-free
+
     source = tensor.detach()
     if source.is_conj():
         source = source.resolve_conj()

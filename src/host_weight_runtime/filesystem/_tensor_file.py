@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from .._faults import fault_point
 from ..manifest import FileManifestEntry, TensorManifestEntry
 from ..protocols import TensorWriteSpec
@@ -25,6 +23,8 @@ from ._safetensors_layout import FileLayout, tensor_bytes
 from ._write_failures import os_failed, producer_failed
 
 if TYPE_CHECKING:
+    import torch
+
     from .writer import StagingArtifactWriter
 
 __all__ = ["StagingTensorFileWriter", "WrittenFile", "create_tensor_file"]

@@ -5,6 +5,7 @@ Inspection never writes: it does not deny, quarantine or remove anything.
 
 from __future__ import annotations
 
+import datetime
 import enum
 from dataclasses import dataclass
 
@@ -37,7 +38,12 @@ class LockActivity:
 
 @dataclass(frozen=True, slots=True)
 class ArtifactInspection:
-    """One entry of a domain's inventory."""
+    """One entry of a domain's inventory.
+
+    `size_bytes` is what the entry occupies on disk; `tensor_bytes` is the tensor data alone, the
+    figure `hwr prewarm` prints. The fields after `problem` come from a readable manifest (the
+    model's `built_from` record and the identity) and are None when there is none.
+    """
 
     key: str
     state: ArtifactState
@@ -50,6 +56,12 @@ class ArtifactInspection:
     problem: HostWeightFailure | None = None
     last_used_ns: int | None = None
     live_leases: int = 0
+    component: str | None = None
+    revision: str | None = None
+    dtype: str | None = None
+    tensor_bytes: int | None = None
+    created_at_ns: int | None = None
+    source_paths: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
@@ -64,6 +76,13 @@ class ArtifactInspection:
             "problem": None if self.problem is None else self.problem.to_dict(),
             "last_used_ns": self.last_used_ns,
             "live_leases": self.live_leases,
+            "component": self.component,
+            "revision": self.revision,
+            "dtype": self.dtype,
+            "tensor_bytes": self.tensor_bytes,
+            "created_at_ns": self.created_at_ns,
+            "created_at": _iso_time(self.created_at_ns),
+            "source_paths": list(self.source_paths),
         }
 
 
@@ -97,6 +116,13 @@ class DomainUsage:
             "max_store_bytes": self.max_store_bytes,
             "min_free_bytes": self.min_free_bytes,
         }
+
+
+def _iso_time(ns: int | None) -> str | None:
+    """UTC ISO 8601 to the second, for JSON readers that want a date rather than nanoseconds."""
+    if ns is None:
+        return None
+    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from .._digest import DIGEST_ALGORITHM, content_digest, file_digest, tree_digests_parallel
 from .._faults import fault_point
@@ -39,7 +38,10 @@ from ..manifest import (
     WeightManifest,
     manifest_sha256,
 )
-from ..tensors import ValidationLevel, dtype_from_code, dtype_itemsize
+from ..tensors import ValidationLevel, dtype_from_code, itemsize_of_code
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_METADATA_FILE_BYTES = 64 * 1024 * 1024
 MAX_READY_FILE_BYTES = 64 * 1024
@@ -73,9 +75,15 @@ class MappedPayload:
 
     entry: FileManifestEntry
     mapping: mmap.mmap
-    base: torch.Tensor
     device: int
     inode: int
+
+    def base(self) -> torch.Tensor:
+        """The mapping as a flat uint8 tensor; only here does the reader import torch, so validating,
+        hashing and inspecting an artifact (`hwr verify`, `hwr inspect`) never do."""
+        import torch
+
+        return torch.frombuffer(self.mapping, dtype=torch.uint8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,21 +96,21 @@ class ValidatedArtifact:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Zero-copy views of every tensor, in manifest order."""
-        by_file = {payload.entry.name: payload for payload in self.payloads}
+        by_file = {payload.entry.name: (payload, payload.base()) for payload in self.payloads}
         views: dict[str, torch.Tensor] = {}
         for entry in self.manifest.tensors:
-            payload = by_file[entry.file]
+            payload, base = by_file[entry.file]
             start = payload.entry.header_size + entry.data_offsets[0]
             end = payload.entry.header_size + entry.data_offsets[1]
             dtype = dtype_from_code(entry.dtype)
-            views[entry.name] = payload.base[start:end].view(dtype).reshape(entry.shape)
+            views[entry.name] = base[start:end].view(dtype).reshape(entry.shape)
         return views
 
     def regions(self) -> tuple[MappedHostRegion, ...]:
         return tuple(
             MappedHostRegion(
                 file=payload.entry.name,
-                address=payload.base.data_ptr(),
+                address=payload.base().data_ptr(),
                 length=payload.entry.size,
                 device=payload.device,
                 inode=payload.inode,
@@ -322,7 +330,7 @@ def _check_header(fd: int, entry: FileManifestEntry, manifest: WeightManifest) -
             )
         if tensor.file != entry.name:
             raise _invalid(FailureCode.MANIFEST_INVALID, f"tensor {name} is listed under the wrong file")
-        if (entry.header_size + tensor.data_offsets[0]) % dtype_itemsize(dtype_from_code(tensor.dtype)):
+        if (entry.header_size + tensor.data_offsets[0]) % itemsize_of_code(tensor.dtype):
             raise _invalid(FailureCode.PAYLOAD_INVALID, f"{entry.name}: tensor {name} is not aligned", tensor=name)
         spans.append(tensor.data_offsets)
     spans.sort()
@@ -406,8 +414,7 @@ def _map_payload(fd: int, info: os.stat_result, entry: FileManifestEntry) -> Map
         ) from None
     except OSError as exc:
         raise _read_error(exc, entry.name) from exc
-    base = torch.frombuffer(mapping, dtype=torch.uint8)
-    return MappedPayload(entry=entry, mapping=mapping, base=base, device=info.st_dev, inode=info.st_ino)
+    return MappedPayload(entry=entry, mapping=mapping, device=info.st_dev, inode=info.st_ino)
 
 
 def _verify_checksums(

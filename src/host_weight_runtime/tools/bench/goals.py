@@ -15,7 +15,9 @@ from .names import (
     WARM_SHM,
 )
 
-__all__ = ["goals", "ratio"]
+__all__ = ["STARTUP_TARGET_S", "goals", "ratio"]
+
+STARTUP_TARGET_S = 1.0  # "well under a second" for the read-only commands (issue 15)
 
 
 def ratio(numerator: float, denominator: float) -> float | None:
@@ -99,4 +101,7 @@ def goals(data: dict[str, JsonValue]) -> list[JsonValue]:
     full = throughput["full_checksum_vs_sha256"]
     goal("publication throughput / raw write+fsync", publication if isinstance(publication, float) else None, 0.8)
     goal("FULL_CHECKSUM throughput / single-thread SHA-256", full if isinstance(full, float) else None, 2.0)
+    startup = data.get("cli_startup")
+    inspect = _median(startup, "inspect_s") if isinstance(startup, dict) else None
+    goal("`hwr inspect` start-up in a fresh process, s", inspect, STARTUP_TARGET_S, False)
     return goals

@@ -132,6 +132,7 @@ def markdown(report: BenchReport) -> str:
         f"raw write+fsync {rate('raw_write_fsync_s')}; "
         f"publication {rate('publish_s')}; single-thread SHA-256 {rate('single_thread_sha256_s')}; "
         f"FULL_CHECKSUM {rate('full_checksum_s')}.",
+        *_startup_lines(data.get("cli_startup")),
         "",
         "**Goals** (reported, not asserted)",
         "",
@@ -143,3 +144,20 @@ def markdown(report: BenchReport) -> str:
         met = {True: "yes", False: "**no**", None: "n/a"}[goal["met"]]
         lines.append(f"| {goal['goal']} | {value} | {goal['target']} | {met} |")
     return "\n".join(lines) + "\n"
+
+
+def _startup_lines(startup: dict[str, Any] | None) -> list[str]:
+    """The CLI start-up row: `hwr inspect` vs `python -c pass`, each a fresh process, and what it imported."""
+    if startup is None:
+        return []
+    inspect, python = startup["inspect_s"], startup["python_pass_s"]
+    heavy = ", ".join(startup["heavy_imports"]) or "neither torch nor diffusers"
+
+    def ms(stats: dict[str, Any]) -> str:
+        return f"{stats['median'] * 1000:.0f} ms [{stats['min'] * 1000:.0f}, {stats['max'] * 1000:.0f}]"
+
+    return [
+        "",
+        f"**CLI start-up** (`{startup['command']}`, {len(inspect['samples'])} fresh processes): {ms(inspect)}; "
+        f"`python -c pass` {ms(python)}; overhead {startup['overhead_s'] * 1000:.0f} ms; imported {heavy}.",
+    ]

@@ -47,6 +47,7 @@ from .names import (
     WARM_SHM,
 )
 from .peers import PEERS, Peer, PeerFormat, peer_file_name, peer_unavailable_reason, write_peer_files
+from .startup import measure_cli_startup
 from .stats import Stats
 from .throughput import ThroughputSamples, measure_throughput
 
@@ -56,6 +57,7 @@ GIB = 1 << 30
 MIB = 1 << 20
 SHM = Path("/dev/shm")
 _GOAL_MEMORY_ROWS = frozenset({CANONICAL, WARM_SHM, WARM_HUGE, VIEWS_SHM})
+STARTUP_MIN_RUNS = 5  # a fresh interpreter takes a fraction of a second: a few more samples cost little
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,6 +459,8 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
 
         say("throughput: publication vs raw write+fsync, FULL_CHECKSUM vs single-thread SHA-256")
         throughput = measure_throughput(shm_dir, min(bf16_bytes, prewarm.total_bytes), options.runs)
+        say("start-up: `hwr inspect` in a fresh process vs `python -c pass`")
+        startup = measure_cli_startup(warm_root, max(options.runs, STARTUP_MIN_RUNS))
         elapsed = time.perf_counter() - started
         data: dict[str, Any] = {
             "date": time.strftime("%Y-%m-%d"),
@@ -481,6 +485,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
             "rows": results,
             "concurrent_cold_starters": concurrent,
             "throughput": _throughput_dict(throughput),
+            "cli_startup": startup.to_dict(),
             "elapsed_s": elapsed,
         }
         data["goals"] = goals(data)
