@@ -108,10 +108,9 @@ def _render_domain(console: Console, snapshot: DomainInspection, *, wide: bool) 
 
 
 def _inventory(groups: list[tuple[str, list[ArtifactInspection]]], *, wide: bool, width: int) -> Table:
-    names = ["MODEL", "COMPONENT", "REVISION", "DTYPE", "SIZE", "TENSORS", "CREATED"]
-    names += ["LAST USED", "LEASES", "STATE", "KEY"]
+    names = ["MODEL", "COMPONENT", "REVISION", "DTYPE", "SIZE", "TENSORS", "CREATED", "STATE", "KEY"]
     if wide:
-        names += ["SOURCE", "PATH"]
+        names += ["LAST USED", "LEASES", "SOURCE", "PATH"]
     now_ns = time.time_ns()
     rows: list[list[Text]] = []
     sections: list[bool] = []
@@ -125,13 +124,16 @@ def _inventory(groups: list[tuple[str, list[ArtifactInspection]]], *, wide: bool
                 Text(size(entry.tensor_bytes if entry.tensor_bytes is not None else entry.size_bytes)),
                 Text("-" if entry.tensor_count is None else str(entry.tensor_count)),
                 Text(_created(entry.created_at_ns, now_ns, wide=wide)),
-                Text(_created(entry.last_used_ns, now_ns, wide=wide)),
-                Text(str(entry.live_leases)),
                 _state(entry),
                 Text(entry.key if wide else short_key(entry.key)),
             ]
             if wide:
-                row += [Text(", ".join(entry.source_paths) or "-"), Text(entry.path)]
+                row += [
+                    Text(_created(entry.last_used_ns, now_ns, wide=wide)),
+                    Text(str(entry.live_leases)),
+                    Text(", ".join(entry.source_paths) or "-"),
+                    Text(entry.path),
+                ]
             rows.append(row)
             sections.append(index == len(entries) - 1)
     widths = [max([len(name), *(row[column].cell_len for row in rows)]) for column, name in enumerate(names)]
