@@ -26,6 +26,7 @@ from typing import Any, cast
 
 import torch
 
+from .._exit_wait import wait_at_exit
 from ..canonical_json import encode_canonical
 from ..config import RuntimeMode
 from ..failures import (
@@ -197,50 +198,6 @@ class PrewarmResult:
     tensor_count: int
 
 
-# Background publications still running; the interpreter waits for them before it shuts threads down.
-_running: set[BackgroundPublication] = set()
-_running_guard = threading.Lock()
-_exit_wait_registered = threading.Event()
-
-
-def _wait_for_background_publications() -> None:
-    """Join every running background publication (called once, at interpreter exit)."""
-    while True:
-        with _running_guard:
-            pending = next(iter(_running), None)
-        if pending is None:
-            return
-        pending._thread.join()
-        with _running_guard:
-            _running.discard(pending)
-
-
-def _register_exit_wait() -> None:
-    """Make interpreter exit wait for background publications while thread pools still take work.
-
-    A plain non-daemon thread is not enough: at exit, `threading._shutdown()` first runs the
-    callbacks registered with `threading._register_atexit`, newest first, and only then joins
-    non-daemon threads. One of those callbacks, registered when `concurrent.futures.thread` is
-    imported, makes every executor refuse new work ("cannot schedule new futures after
-    interpreter shutdown"), and the publication hashes and writes through executors. So the wait
-    is registered the same way, after that module is imported, and therefore runs before it. The
-    hook is CPython's (3.9+); where it is missing, `background_publication.wait()` is the way.
-    """
-    with _running_guard:
-        if _exit_wait_registered.is_set():
-            return
-        import concurrent.futures.thread  # noqa: F401  (its exit callback must be registered before ours)
-
-        register: Callable[[Callable[[], None]], None] | None = getattr(threading, "_register_atexit", None)
-        try:
-            if register is None:
-                raise RuntimeError("this Python has no threading._register_atexit")
-            register(_wait_for_background_publications)
-        except RuntimeError as exc:  # also raised when the interpreter is already shutting down
-            _LOG.warning("cannot wait for background publications at exit (%s); call wait() before exiting", exc)
-        _exit_wait_registered.set()
-
-
 class BackgroundPublication:
     """The artifact of a canonically loaded model, built from its checkpoint on a thread of its own.
 
@@ -259,9 +216,7 @@ class BackgroundPublication:
         self.failure: HostWeightFailure | None = None
         self.elapsed_s: float | None = None
         self._thread = threading.Thread(target=self._run, name="hwr-background-publish", daemon=False)
-        _register_exit_wait()
-        with _running_guard:
-            _running.add(self)
+        wait_at_exit(self._thread)
         self._thread.start()
 
     def _run(self) -> None:
@@ -280,8 +235,6 @@ class BackgroundPublication:
             self.elapsed_s = time.monotonic() - started
             self._job = _finished_job
             self._done.set()
-            with _running_guard:
-                _running.discard(self)
 
     @property
     def done(self) -> bool:

@@ -56,6 +56,7 @@ class ArtifactBuilder:
         *,
         validation: ValidationLevel,
         deadline: float,
+        lease_source: LeaseSource = LeaseSource.BUILT,
     ) -> StoreResult:
         """HIT if published; else build once under the build lock (BUILT) or join another builder (JOINED)."""
         started = time.monotonic()
@@ -78,7 +79,9 @@ class ArtifactBuilder:
         except HostWeightError as exc:
             return StoreResult(StoreStatus.FAILED, identity, failure=exc.failure, elapsed_s=time.monotonic() - started)
         try:
-            result = self.build_locked(identity, producer, validation=validation, deadline=deadline)
+            result = self.build_locked(
+                identity, producer, validation=validation, deadline=deadline, lease_source=lease_source
+            )
         finally:
             build_lock.release()
         return StoreResult(
@@ -116,6 +119,7 @@ class ArtifactBuilder:
         *,
         validation: ValidationLevel,
         deadline: float,
+        lease_source: LeaseSource = LeaseSource.BUILT,
     ) -> StoreResult:
         """The build itself. The caller holds the build lock (tests call it bare to race two builders)."""
         key = identity.key
@@ -149,7 +153,9 @@ class ArtifactBuilder:
             fault_point("build.staging_created")
             manifest = self._produce_into(staging, identity, producer)
             marker = seal(staging, manifest)
-            return self._publisher.publish(staging, identity, manifest, marker, deadline=deadline)
+            return self._publisher.publish(
+                staging, identity, manifest, marker, deadline=deadline, lease_source=lease_source
+            )
         except BuildFailedError as exc:
             discard(staging)
             return StoreResult(StoreStatus.FAILED, identity, failure=exc.failure)
