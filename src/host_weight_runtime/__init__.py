@@ -53,6 +53,18 @@ from .protocols import (
     WeightRestorePlan,
     WeightRestorer,
 )
+from .remote import (
+    FsspecArtifactProvider,
+    PushResult,
+    PushStatus,
+    RemoteArtifactListing,
+    RemoteArtifactState,
+    import_remote_artifact,
+    list_remote,
+    providers_from_urls,
+    push_artifact,
+    storage_options_for,
+)
 from .runtime import HostWeightRuntime
 from .tensors import TensorKind, ValidationLevel
 
@@ -77,6 +89,7 @@ __all__ = [
     "FailureCode",
     "FileManifestEntry",
     "FilesystemHostWeightStore",
+    "FsspecArtifactProvider",
     "HostWeightError",
     "HostWeightFailure",
     "HostWeightLease",
@@ -99,8 +112,12 @@ __all__ = [
     "ProductionMetadata",
     "ProductionSourceMode",
     "PublicationMarker",
+    "PushResult",
+    "PushStatus",
     "RemoteArtifactDescriptor",
+    "RemoteArtifactListing",
     "RemoteArtifactProvider",
+    "RemoteArtifactState",
     "ResolutionAttempt",
     "ResolutionOutcome",
     "ResolutionReport",
@@ -125,5 +142,10 @@ __all__ = [
     "WeightSourceIdentity",
     "__version__",
     "default_root",
+    "import_remote_artifact",
+    "list_remote",
+    "providers_from_urls",
+    "push_artifact",
     "read_mount_table",
+    "storage_options_for",
 ]

@@ -654,9 +654,14 @@ def load_component(
     `publish_in_background=True` (PREFERRED, safetensors checkpoints) returns the canonical
     model as soon as it is loaded and builds the artifact from the checkpoint on a thread
     (`LoadedComponent.background_publication`; the process waits for it at exit). When this
-    node has never hashed the checkpoint files, no artifact can exist for them here, so the
-    lookup is skipped (outcome CANONICAL_FALLBACK, one SKIPPED attempt), the hashing moves to
-    that thread too, and the first worker starts as fast as a plain `from_pretrained`.
+    node has never hashed the checkpoint files and no remote is configured, no artifact can
+    exist for them here, so the lookup is skipped (outcome CANONICAL_FALLBACK, one SKIPPED
+    attempt), the hashing moves to that thread too, and the first worker starts as fast as a
+    plain `from_pretrained`.
+
+    `HWR_REMOTE` (or the runtime's remote providers) makes a local miss import the exact
+    artifact from a remote (outcome REMOTE_IMPORT) before any local build or canonical load;
+    `HWR_REMOTE_PUBLISH=true` pushes what this node publishes, off the request path.
     """
     del token  # accepted so that a pasted call runs; nothing is downloaded, so it is never used, kept or logged
     clock = _ImportClock()
@@ -717,7 +722,9 @@ def load_component(
             options=options,
             clock=clock,
         )
-        if background and skeleton.source.use_safetensors and _needs_hashing(skeleton.source, runtime):
+        # Without a remote, a node that never hashed these files cannot hold their artifact: skip the lookup.
+        remote = bool(runtime.remote_providers)
+        if background and skeleton.source.use_safetensors and not remote and _needs_hashing(skeleton.source, runtime):
             model = _canonical(skeleton.model_class, skeleton.source, name_or_path, options)
             skipped = ResolutionAttempt(
                 ResolutionStage.LOOKUP, AttemptResult.SKIPPED, AttemptAction.FALL_BACK, 0.0, None, _SKIPPED_LOOKUP
