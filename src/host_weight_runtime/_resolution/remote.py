@@ -9,6 +9,8 @@ provider configured the stage is not tried and the report lists no attempt for i
 
 from __future__ import annotations
 
+import logging
+
 from ..failures import HostWeightFailure, ResolutionStage
 from ..outcomes import AttemptResult, ResolutionOutcome, StoreResult, StoreStatus
 from ..protocols import RemoteArtifactProvider
@@ -17,6 +19,8 @@ from .stage import StageContext, StageOutcome
 from .store_calls import call_store, publication_id_of
 
 __all__ = ["remote_import"]
+
+_LOG = logging.getLogger("host_weight_runtime")
 
 _STAGE = ResolutionStage.REMOTE
 
@@ -60,6 +64,13 @@ def remote_import(context: StageContext) -> StageOutcome:
             )
         failed += 1
         first_failure = first_failure or problem
+        _LOG.warning(
+            "remote %s failed for %s: [%s] %s",
+            provider.provider_id,
+            context.identity.key,
+            problem.code.value,
+            problem.message,
+        )
     probed = ", ".join(str(provider.provider_id) for provider in providers)
     if first_failure is not None:
         detail = f"{failed} of {len(providers)} remote(s) failed and none offered the artifact ({probed})"
@@ -79,8 +90,7 @@ def _import_from(
     result, problem = call_store(
         _STAGE,
         identity,
-        lambda: import_remote_artifact(store, identity, provider, validation=validation, deadline=deadline)
-        or missing,
+        lambda: import_remote_artifact(store, identity, provider, validation=validation, deadline=deadline) or missing,
         allowed=(StoreStatus.HIT, StoreStatus.MISS, StoreStatus.BUILT, StoreStatus.JOINED, StoreStatus.FAILED),
     )
     if result is None:

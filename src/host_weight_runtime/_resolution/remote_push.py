@@ -66,9 +66,7 @@ class RemotePublisher:
 
     def _record(self, outcome: PushResult | HostWeightFailure) -> None:
         if isinstance(outcome, HostWeightFailure):
-            _LOG.warning(
-                "pushing an artifact to %s failed: [%s] %s", self._url, outcome.code.value, outcome.message
-            )
+            _LOG.warning("pushing an artifact to %s failed: [%s] %s", self._url, outcome.code.value, outcome.message)
         else:
             _LOG.info(
                 "pushed %s to %s: %s, %d bytes in %.2f s",
