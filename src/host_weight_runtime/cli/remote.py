@@ -20,7 +20,7 @@ from rich.text import Text
 from ..config import ENV_REMOTE_ENDPOINT_URL, ENV_REMOTE_TIMEOUT, HostWeightRuntimeConfig
 from ..failures import FailureCode, HostWeightError
 from ._command import Subcommands, add_command, positive_float
-from ._output import EXIT_OK, UsageError, add_json_option, print_json, short_key, size, stdout_console
+from ._output import EXIT_FAILURE, EXIT_OK, UsageError, add_json_option, print_json, short_key, size, stdout_console
 
 if TYPE_CHECKING:
     from ..remote import RemoteArtifactListing
@@ -114,15 +114,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    """List the remote; exit 0 once it could be listed, whatever state its keys are in."""
+    """List the remote; exit 0 once it could be listed, whatever state its keys are in, else 1."""
     from ..remote import check_remote_url, list_remote
 
     name = check_remote_url(args.url)
     settings = remote_settings(args)
     started = time.monotonic()
-    listings = usage_on_unsupported(
-        lambda: list_remote(args.url, storage_options=settings.storage_options(args.url), timeout_s=settings.timeout_s)
-    )
+    try:
+        listings = usage_on_unsupported(
+            lambda: list_remote(
+                args.url, storage_options=settings.storage_options(args.url), timeout_s=settings.timeout_s
+            )
+        )
+    except HostWeightError as exc:
+        if not args.json:
+            raise
+        print_json({"remote": name, "failure": exc.failure.to_dict()})
+        return EXIT_FAILURE
     if args.json:
         print_json(
             {

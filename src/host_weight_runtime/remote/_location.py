@@ -307,7 +307,8 @@ class RemoteLocation:
             )
         return bytes(data) if isinstance(data, bytearray) else data
 
-    def _require_writable(self, relative: str) -> None:
+    def require_writable(self, relative: str) -> None:
+        """Raise UNSUPPORTED on a read-only (http/https) remote."""
         if self._read_only:
             raise HostWeightError(
                 failure(
@@ -321,7 +322,7 @@ class RemoteLocation:
 
     def write(self, relative: str, data: bytes) -> None:
         """Write a small object whole. On local files it appears by rename, so no reader sees half of it."""
-        self._require_writable(relative)
+        self.require_writable(relative)
         target = self.path(relative)
         if self._local:
             folder = target.rsplit("/", 1)[0]
@@ -334,7 +335,7 @@ class RemoteLocation:
 
     def upload(self, local_path: str, relative: str) -> None:
         """Copy one local file to the remote (multipart on object stores); no whole-call timeout."""
-        self._require_writable(relative)
+        self.require_writable(relative)
         target = self.path(relative)
         if self._local:
             folder = target.rsplit("/", 1)[0]
@@ -342,7 +343,7 @@ class RemoteLocation:
         self._call("put_file", "uploading", relative, local_path, target, timeout=False)
 
     def remove(self, relative: str) -> None:
-        self._require_writable(relative)
+        self.require_writable(relative)
         self._call("rm_file", "removing", relative, self.path(relative))
 
 

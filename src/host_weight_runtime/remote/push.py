@@ -179,6 +179,7 @@ def push_artifact(
     key = identity.key
     reader = FsspecArtifactProvider(url, storage_options=storage_options, timeout_s=timeout_s)
     location = reader.location
+    location.require_writable(key)  # before any work: an http(s) remote is read-only
     local = store.lookup(identity, validation=ValidationLevel.FULL_CHECKSUM, deadline=deadline)
     if local.lease is None:
         problem = local.failure or failure(
