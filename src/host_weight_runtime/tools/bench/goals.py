@@ -9,6 +9,8 @@ from .names import (
     COLD_PUBLISH,
     COLD_STREAM,
     HOT,
+    REMOTE_FILE,
+    REMOTE_S3,
     VIEWS_HUGE,
     VIEWS_SHM,
     WARM_HUGE,
@@ -99,4 +101,11 @@ def goals(data: dict[str, JsonValue]) -> list[JsonValue]:
     full = throughput["full_checksum_vs_sha256"]
     goal("publication throughput / raw write+fsync", publication if isinstance(publication, float) else None, 0.8)
     goal("FULL_CHECKSUM throughput / single-thread SHA-256", full if isinstance(full, float) else None, 2.0)
+    remote = data.get("remote")
+    measured = remote.get("throughput") if isinstance(remote, dict) else None
+    for row, label in ((REMOTE_FILE, "file://"), (REMOTE_S3, "moto S3")):
+        entry = measured.get(row) if isinstance(measured, dict) else None
+        ratio_value = entry.get("import_vs_plain_copy") if isinstance(entry, dict) else None
+        measured_ratio = ratio_value if isinstance(ratio_value, float) else None
+        goal(f"remote import throughput / plain fsspec copy ({label})", measured_ratio, 0.8)
     return goals
