@@ -77,7 +77,12 @@ def _remote_lines(data: dict[str, Any]) -> list[str]:
     parts: list[str] = []
     for name, measured in remote["throughput"].items():
         ready = rows.get(name, {}).get(HOT)
-        ready_text = "not measured" if ready is None else f"{ready['time_to_ready_ms']['median']:.0f} ms to ready"
+        skipped = remote.get("rows_not_measured", {}).get(name, "")
+        ready_text = (
+            f"not measured ({skipped or 'no row'})"
+            if ready is None
+            else f"{ready['time_to_ready_ms']['median']:.0f} ms to ready"
+        )
         if ready is not None and canonical_ms:
             ready_text += f" ({_speedup(canonical_ms, ready['time_to_ready_ms']['median'])} than canonical)"
         object_gib = measured["object_bytes"] / (1 << 30)

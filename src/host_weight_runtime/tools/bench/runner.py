@@ -83,6 +83,7 @@ class BenchOptions:
     cold_starter_runs: int | None = None  # None: `runs`
     memory_runs: int | None = None  # None: `runs`
     remote_runs: int | None = None  # remote import vs plain copy runs; None: `runs`
+    remote_s3_row: bool = True  # False: node B's time to ready over file:// only (S3 throughput still measured)
 
     def __post_init__(self) -> None:
         if not 0 < self.size_gib <= 64:
@@ -103,6 +104,7 @@ class BenchOptions:
             cold_starter_runs=1,
             memory_runs=1,
             remote_runs=2,
+            remote_s3_row=False,
         )
 
 
@@ -448,7 +450,13 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
                     cold_cache=False,
                 )
             )
+        rows_not_measured: dict[str, JsonValue] = {}
         for target in remotes.targets:
+            if target.kind == "s3" and not options.remote_s3_row:
+                rows_not_measured[target.row] = (
+                    "--quick times node B over file:// only; S3 import throughput is measured"
+                )
+                continue
             rows.append(
                 _Row(
                     spec(
@@ -530,7 +538,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
             "rows": results,
             "concurrent_cold_starters": concurrent,
             "throughput": _throughput_dict(throughput),
-            "remote": {**remotes.to_dict(), "throughput": remote_throughput},
+            "remote": {**remotes.to_dict(), "throughput": remote_throughput, "rows_not_measured": rows_not_measured},
             "elapsed_s": elapsed,
         }
         data["goals"] = goals(data)
