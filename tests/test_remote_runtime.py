@@ -18,17 +18,21 @@ from typing import Any
 import pytest
 
 from host_weight_runtime import (
+    ArtifactWriter,
     AttemptAction,
     AttemptResult,
     FailureCode,
     FsspecArtifactProvider,
+    HostWeightError,
     HostWeightRuntime,
     HostWeightRuntimeConfig,
     LeaseSource,
     LookupPhase,
     PostLoadPublicationStatus,
+    ProductionMetadata,
     PushResult,
     PushStatus,
+    RemoteArtifactDescriptor,
     RemoteArtifactState,
     ResolutionOutcome,
     ResolutionReport,
@@ -37,7 +41,8 @@ from host_weight_runtime import (
     list_remote,
     push_artifact,
 )
-from host_weight_runtime.failures import HostWeightFailure
+from host_weight_runtime._resolution.decisions import StageVerdict, stage_action
+from host_weight_runtime.failures import HostWeightFailure, failure
 from host_weight_runtime.identity import WeightArtifactIdentity
 
 from .remote_support import (
@@ -419,3 +424,37 @@ def test_invalid_remote_settings_name_the_variable_and_echo_no_secret(
     if secret is not None:
         chain = [refused.value, refused.value.__cause__, refused.value.__context__]
         assert all(secret not in str(error) for error in chain if error is not None)
+
+
+class _MisconfiguredRemote:
+    """A real RemoteArtifactProvider whose backend reports a configuration error (e.g. a missing package)."""
+
+    provider_id = "misconfigured://fleet"
+
+    def probe(self, identity: WeightArtifactIdentity) -> None:
+        raise HostWeightError(
+            failure(ResolutionStage.CONFIGURATION, FailureCode.INVALID_CONFIGURATION, "the backend is not installed")
+        )
+
+    def fetch(self, descriptor: RemoteArtifactDescriptor, writer: ArtifactWriter) -> ProductionMetadata:
+        raise AssertionError("never fetched: the probe failed")
+
+
+def test_a_configuration_error_from_a_remote_is_never_disguised_as_a_miss(tmp_path: Path) -> None:
+    """R10: a remote that fails with a code in ALWAYS_FATAL (a configuration error) fails the resolve in both
+    modes, before any local build; every other remote failure lets PREFERRED go on (the table's remote row)."""
+    identity = make_identity()
+    for mode in (PREFERRED, REQUIRED):
+        local = producer_for(identity)
+        runtime = HostWeightRuntime(
+            HostWeightRuntimeConfig(mode=mode, root=tmp_path / mode.value), remote_providers=[_MisconfiguredRemote()]
+        )
+        resolution = runtime.resolve(identity, local)
+        assert resolution.outcome is ResolutionOutcome.FAILED and local.calls == 0
+        assert steps(resolution.report) == [(LOOKUP, MISS, CONTINUE), (REMOTE, FAILED, FAIL)]
+        problem = resolution.report.failure
+        assert problem is not None and problem.code is FailureCode.INVALID_CONFIGURATION
+        assert problem.stage is ResolutionStage.REMOTE
+    remote_failed = failure(ResolutionStage.REMOTE, FailureCode.REMOTE_FAILED, "bad bytes")
+    assert stage_action(PREFERRED, StageVerdict.UNAVAILABLE, remote_failed) is CONTINUE
+    assert stage_action(REQUIRED, StageVerdict.UNAVAILABLE, remote_failed) is FAIL
