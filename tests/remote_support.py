@@ -265,3 +265,17 @@ def make_remote(kind: str, tmp_path: Path, moto: MotoEndpoint | None) -> Iterato
     assert kind == "http"
     with http_server(folder) as base:
         yield Remote(kind, f"file://{folder}", {}, base, {}, raw, str(folder))
+
+
+def use_aws_environment(
+    monkeypatch: Any, tmp_path: Path, *, access: str = ACCESS_KEY, secret: str = SECRET_KEY
+) -> None:
+    """Credentials the way an operator gives them (AWS_* variables), with no profile or config file in reach."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", access)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)

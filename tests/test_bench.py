@@ -26,6 +26,8 @@ from host_weight_runtime.tools.bench.names import (
     COLD_BACKGROUND,
     COLD_PUBLISH,
     COLD_STREAM,
+    REMOTE_FILE,
+    REMOTE_S3,
     VIEWS_SHM,
     WARM_SHM,
 )
@@ -154,8 +156,11 @@ def test_goals_compare_each_measured_ratio_with_its_target() -> None:
         },
         "model": {"artifact_bytes": 100 * MIB},
         "throughput": {"publication_vs_raw": 0.9, "full_checksum_vs_sha256": 1.5},
+        "remote": {"throughput": {REMOTE_FILE: {"import_vs_plain_copy": 0.85}}},
     }
     goals = {goal["goal"]: goal for goal in goal_table(data)}
+    assert goals["remote import throughput / plain fsspec copy (file://)"]["met"] is True  # 0.85 >= 0.8
+    assert goals["remote import throughput / plain fsspec copy (moto S3)"]["met"] is None  # not measured
     assert goals["warm on /dev/shm: x faster than canonical"]["value"] == pytest.approx(10.0)
     assert goals["warm on /dev/shm: x faster than canonical"]["met"] is False
     assert goals["cold (canonical + publish): x canonical"]["met"] is False  # 1.5 > 1.3
@@ -231,6 +236,12 @@ def test_bench_measures_every_row_on_the_same_bytes(bench_run: tuple[int, Path])
     assert rows[COLD_BACKGROUND]["hot"]["outcomes"] == ["canonical_fallback"]  # lookup skipped: nothing hashed here
     assert rows[COLD_BACKGROUND]["hot"]["published_ms"] is not None
     assert rows[COLD_PUBLISH]["hot"]["published_ms"] is None
+    assert rows[REMOTE_FILE]["hot"]["outcomes"] == ["remote_import"]  # node B: an empty domain imports
+    assert rows[REMOTE_S3]["hot"]["outcomes"] == ["remote_import"]
+    assert data["remote"]["unavailable"] == {}
+    remote = data["remote"]["throughput"]
+    assert set(remote) == {REMOTE_FILE, REMOTE_S3}
+    assert all(entry["object_bytes"] > data["model"]["artifact_bytes"] for entry in remote.values())
 
 
 def test_hwr_bench_profile_writes_one_profile_per_measured_run(bench_run: tuple[int, Path]) -> None:

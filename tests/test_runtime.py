@@ -792,26 +792,17 @@ def test_unimplemented_coordination_scope_is_unsupported(
     assert post_load.calls == 0
 
 
-class _OfflineRemote:
-    """A remote provider that would offer nothing; the runtime must refuse it, not ignore it."""
+class _NotAProvider:
+    """Has an id but neither probe nor fetch: not a RemoteArtifactProvider."""
 
-    provider_id = "offline-test-remote"
-
-    def probe(self, identity: WeightArtifactIdentity) -> None:
-        raise AssertionError("probe must never be called")
-
-    def fetch(self, descriptor: object, writer: object) -> None:
-        raise AssertionError("fetch must never be called")
+    provider_id = "not-a-provider"
 
 
-def test_remote_providers_are_unsupported(tmp_path: Path) -> None:
-    """S24: remote artifact providers are modelled but not implemented: a typed UNSUPPORTED error, never ignored."""
+def test_objects_that_are_not_remote_providers_are_refused(tmp_path: Path) -> None:
+    """Remote providers are implemented (issue 10); an object without probe/fetch is refused, never ignored."""
     root = tmp_path / "hwr"
-    with pytest.raises(HostWeightError) as raised:
-        HostWeightRuntime(HostWeightRuntimeConfig(root=root), remote_providers=[_OfflineRemote()])  # type: ignore[list-item]
-    assert raised.value.code is FailureCode.UNSUPPORTED and not raised.value.retryable
-    assert raised.value.failure.stage is ResolutionStage.REMOTE
-    assert "offline-test-remote" in raised.value.failure.details.data.decode()
+    with pytest.raises(TypeError, match="RemoteArtifactProvider"):
+        HostWeightRuntime(HostWeightRuntimeConfig(root=root), remote_providers=[_NotAProvider()])  # type: ignore[list-item]
     assert not root.exists()
 
 

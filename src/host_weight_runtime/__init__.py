@@ -53,6 +53,18 @@ from .protocols import (
     WeightRestorePlan,
     WeightRestorer,
 )
+from .remote import (
+    FsspecArtifactProvider,
+    PushResult,
+    PushStatus,
+    RemoteArtifactListing,
+    RemoteArtifactState,
+    import_remote_artifact,
+    list_remote,
+    providers_from_urls,
+    push_artifact,
+    storage_options_for,
+)
 from .runtime import HostWeightRuntime
 from .tensors import TensorKind, ValidationLevel
 
@@ -94,6 +106,7 @@ __all__ = [
     "FailureCode",
     "FileManifestEntry",
     "FilesystemHostWeightStore",
+    "FsspecArtifactProvider",
     "HostWeightError",
     "HostWeightFailure",
     "HostWeightLease",
@@ -116,8 +129,12 @@ __all__ = [
     "ProductionMetadata",
     "ProductionSourceMode",
     "PublicationMarker",
+    "PushResult",
+    "PushStatus",
     "RemoteArtifactDescriptor",
+    "RemoteArtifactListing",
     "RemoteArtifactProvider",
+    "RemoteArtifactState",
     "ResolutionAttempt",
     "ResolutionOutcome",
     "ResolutionReport",
@@ -142,6 +159,10 @@ __all__ = [
     "WeightSourceIdentity",
     "__version__",
     "default_root",
+    "import_remote_artifact",
+    "list_remote",
+    "providers_from_urls",
+    "push_artifact",
     "read_mount_table",
     # Operating a domain: eviction, usage, gc and metrics (issue 12).
     "DomainUsage",
@@ -159,4 +180,5 @@ __all__ = [
     "MetricsUnavailableError",
     "register_metrics",
     "start_metrics_server",
+    "storage_options_for",
 ]

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._remote_url import DEFAULT_TIMEOUT_S, check_remote_url, is_writable_url
 from .tensors import ValidationLevel
 
 ENV_MODE = "HWR_MODE"
@@ -25,6 +26,13 @@ ENV_MIN_FREE_BYTES = "HWR_MIN_FREE_BYTES"
 ENV_EVICTION = "HWR_EVICTION"
 ENV_METRICS_PORT = "HWR_METRICS_PORT"
 ENV_METRICS_ADDR = "HWR_METRICS_ADDR"
+ENV_REMOTE = "HWR_REMOTE"
+ENV_REMOTE_ENDPOINT_URL = "HWR_REMOTE_ENDPOINT_URL"
+ENV_REMOTE_TIMEOUT = "HWR_REMOTE_TIMEOUT_S"
+ENV_REMOTE_PUBLISH = "HWR_REMOTE_PUBLISH"
+
+# Variables whose value may carry a credential when mistyped: an error never echoes them.
+_UNECHOED_ENV = frozenset({ENV_REMOTE, ENV_REMOTE_ENDPOINT_URL})
 
 
 class RuntimeMode(str, enum.Enum):
@@ -128,6 +136,12 @@ class HostWeightRuntimeConfig:
     eviction: EvictionPolicy = EvictionPolicy.LRU
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
+    # Remote exact artifacts (HWR_REMOTE*): fsspec URLs tried in order after a local miss, the
+    # S3 endpoint for s3:// URLs, the per-request timeout, and whether built artifacts are pushed.
+    remote: tuple[str, ...] = ()
+    remote_endpoint_url: str | None = None
+    remote_timeout_s: float = DEFAULT_TIMEOUT_S
+    remote_publish: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, RuntimeMode):
@@ -155,6 +169,40 @@ class HostWeightRuntimeConfig:
             raise ValueError(f"metrics_port must be None or a port number 0-65535 (0 picks a free one), got {port!r}")
         if not isinstance(self.metrics_addr, str) or not self.metrics_addr.strip():
             raise ValueError(f"metrics_addr must be a non-empty host address, got {self.metrics_addr!r}")
+        self._check_remote()
+
+    def _check_remote(self) -> None:
+        """The remote settings; a URL is never echoed, since a mistyped one may carry a credential."""
+        if type(self.remote) is not tuple or any(type(url) is not str for url in self.remote):
+            raise ValueError("remote must be a tuple of URL strings (HWR_REMOTE: comma-separated URLs)")
+        for position, url in enumerate(self.remote, start=1):
+            try:
+                check_remote_url(url)
+            except ValueError as exc:
+                raise ValueError(f"remote URL #{position}: {exc}") from None
+        endpoint = self.remote_endpoint_url
+        if endpoint is not None:
+            try:
+                scheme = check_remote_url(endpoint).split("://", 1)[0] if type(endpoint) is str else ""
+            except ValueError as exc:
+                raise ValueError(f"remote_endpoint_url: {exc}") from None
+            if scheme not in ("http", "https"):
+                raise ValueError("remote_endpoint_url must be an http:// or https:// URL such as http://127.0.0.1:9000")
+        timeout = self.remote_timeout_s
+        if type(timeout) not in (int, float) or not math.isfinite(timeout) or not timeout > 0:
+            raise ValueError(f"remote_timeout_s must be a positive number of seconds, got {timeout!r}")
+        if type(self.remote_publish) is not bool:
+            raise ValueError("remote_publish must be a bool")
+        if self.remote_publish and not any(is_writable_url(url) for url in self.remote):
+            raise ValueError(
+                "remote_publish needs a writable remote (s3://, gs://, file://, ...) among the remote URLs "
+                f"({ENV_REMOTE}); http(s) remotes are read-only"
+            )
+
+    @property
+    def remote_push_url(self) -> str | None:
+        """Where `remote_publish` pushes: the first remote that is not plain HTTP(S), if any."""
+        return next((url for url in self.remote if is_writable_url(url)), None)
 
     @property
     def resolved_root(self) -> Path:
@@ -177,6 +225,10 @@ class HostWeightRuntimeConfig:
             "eviction",
             "metrics_port",
             "metrics_addr",
+            "remote",
+            "remote_endpoint_url",
+            "remote_timeout_s",
+            "remote_publish",
         }
         unknown = sorted(set(values) - known)
         if unknown:
@@ -201,6 +253,17 @@ class HostWeightRuntimeConfig:
             kwargs["metrics_port"] = _port(values["metrics_port"], "metrics_port")
         if "metrics_addr" in values:
             kwargs["metrics_addr"] = str(values["metrics_addr"]).strip()
+        if "remote" in values:
+            kwargs["remote"] = _urls(values["remote"], "remote")
+        if values.get("remote_endpoint_url") is not None:
+            endpoint = values["remote_endpoint_url"]
+            if not isinstance(endpoint, str):
+                raise ValueError("remote_endpoint_url must be a URL string")
+            kwargs["remote_endpoint_url"] = endpoint.strip()
+        if "remote_timeout_s" in values:
+            kwargs["remote_timeout_s"] = _float(values["remote_timeout_s"], "remote_timeout_s")
+        if "remote_publish" in values:
+            kwargs["remote_publish"] = _bool(values["remote_publish"], "remote_publish")
         capacity_keys = ("max_artifact_bytes", "max_store_bytes", "min_free_bytes")
         if any(key in values for key in capacity_keys):
             kwargs["capacity"] = CapacityPolicy(
@@ -228,6 +291,10 @@ class HostWeightRuntimeConfig:
             ENV_EVICTION: "eviction",
             ENV_METRICS_PORT: "metrics_port",
             ENV_METRICS_ADDR: "metrics_addr",
+            ENV_REMOTE: "remote",
+            ENV_REMOTE_ENDPOINT_URL: "remote_endpoint_url",
+            ENV_REMOTE_TIMEOUT: "remote_timeout_s",
+            ENV_REMOTE_PUBLISH: "remote_publish",
         }
         values: dict[str, object] = {}
         for env_name, key in mapping.items():
@@ -236,9 +303,13 @@ class HostWeightRuntimeConfig:
                 values[key] = raw.strip()
                 try:
                     # Check each variable on its own so the error names the one to fix.
-                    cls.from_dict({key: values[key]})
+                    if key == "remote_publish":  # alone it would lack the remote it needs: parse it only
+                        _bool(values[key], key)
+                    else:
+                        cls.from_dict({key: values[key]})
                 except ValueError as exc:
-                    raise ValueError(f"{env_name}={raw!r} is invalid: {exc}; fix or unset {env_name}") from exc
+                    shown = env_name if env_name in _UNECHOED_ENV else f"{env_name}={raw!r}"
+                    raise ValueError(f"{shown} is invalid: {exc}; fix or unset {env_name}") from exc
         try:
             return cls.from_dict(values)
         except ValueError as exc:
@@ -268,6 +339,19 @@ def _bool(value: object, name: str) -> bool:
         if lowered in ("0", "false", "no", "off"):
             return False
     raise ValueError(f"{name} must be a boolean (true/false/1/0); got {value!r}")
+
+
+def _urls(value: object, name: str) -> tuple[str, ...]:
+    """Remote URLs from a comma-separated string or a sequence of strings, in order, blanks dropped."""
+    if isinstance(value, str):
+        items: list[object] = list(value.split(","))
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise ValueError(f"{name} must be a comma-separated string or a list of URL strings")
+    if any(not isinstance(item, str) for item in items):
+        raise ValueError(f"{name} must hold URL strings only")
+    return tuple(item.strip() for item in items if isinstance(item, str) and item.strip())
 
 
 def _float(value: object, name: str) -> float:

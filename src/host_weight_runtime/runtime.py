@@ -5,9 +5,11 @@ decides, per stage and mode, whether to use a result, continue, fall back to can
 loading or fail, and emits exactly one report per call to every observer.
 
 resolve: DOMAIN (open the store; an attempt only when that fails) -> local lookup ->
-remote import (no provider can be configured in V1: never tried, no attempt) -> local
-build (a PRE_LOAD_SAFE producer) -> canonical fallback. publish_after_load is the
-post-load publication stage. The stages live in `host_weight_runtime._resolution`; the
+remote import (the configured remotes in order; no attempt without one) -> local build
+(a PRE_LOAD_SAFE producer) -> canonical fallback. publish_after_load is the post-load
+publication stage. With `remote_publish` (HWR_REMOTE_PUBLISH), what a local build or a
+post-load publication published is then pushed to the first writable remote, off the
+request path. The stages live in `host_weight_runtime._resolution`; the
 decision table (DESIGN section 7, behaviours R02 and R10) is in
 `host_weight_runtime._resolution.decisions`, and `ALWAYS_FATAL` and `may_fall_back` are
 re-exported here.
@@ -19,24 +21,30 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._resolution.checks import check_identity, check_producer, deadline_from
 from ._resolution.decisions import ALWAYS_FATAL, may_fall_back
 from ._resolution.pipeline import run_resolution
 from ._resolution.publication import post_load_publication
+from ._resolution.remote_push import RemotePublisher
 from ._resolution.reports import ResolveConclusion, publication_report, resolution_report
 from ._resolution.store_calls import StoreFactory, StoreOpener, default_store_factory
 from .config import HostWeightRuntimeConfig, RuntimeMode
-from .failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
+from .failures import FailureCode, HostWeightFailure, ResolutionStage, failure
 from .identity import WeightArtifactIdentity
 from .outcomes import (
+    AttemptResult,
     HostWeightResolution,
     PostLoadPublicationReport,
+    PostLoadPublicationStatus,
     ResolutionOutcome,
     ResolutionReport,
 )
 from .protocols import RemoteArtifactProvider, WeightProducer
+
+if TYPE_CHECKING:
+    from .remote import PushResult
 
 __all__ = [
     "ALWAYS_FATAL",
@@ -57,6 +65,11 @@ class HostWeightRuntime:
     The store is created on first need and cached; a failed creation is not cached, so a
     later call can succeed once the cause (e.g. a stalled init lock) is gone. DISABLED never
     creates it. The caller owns any lease a resolution returns and must close it.
+
+    Remotes: `remote_providers` (any `RemoteArtifactProvider`), when given, are probed in
+    order after a local miss; otherwise the configuration's `remote` URLs (HWR_REMOTE) are,
+    through `FsspecArtifactProvider`. A remote whose fsspec backend is not installed
+    raises `HostWeightError` (CONFIGURATION) here, not on the first request.
     """
 
     def __init__(
@@ -69,17 +82,12 @@ class HostWeightRuntime:
     ) -> None:
         if not isinstance(config, HostWeightRuntimeConfig):
             raise TypeError(f"config must be a HostWeightRuntimeConfig, got {type(config).__name__}")
-        if remote_providers:
-            # Modelled by the protocols but not implemented: refuse loudly rather than ignore (S24).
-            raise HostWeightError(
-                failure(
-                    ResolutionStage.REMOTE,
-                    FailureCode.UNSUPPORTED,
-                    "remote artifact providers are not implemented in this version; "
-                    "construct the runtime without remote_providers",
-                    provider_ids=[str(provider.provider_id) for provider in remote_providers],
+        for provider in remote_providers:
+            if not isinstance(provider, RemoteArtifactProvider):
+                raise TypeError(
+                    f"remote provider {type(provider).__name__} does not implement RemoteArtifactProvider "
+                    "(provider_id, probe, fetch)"
                 )
-            )
         for observer in observers:
             if not callable(observer):
                 raise TypeError(f"observer {observer!r} is not callable")
@@ -87,6 +95,11 @@ class HostWeightRuntime:
         self._stores = StoreOpener(config, store_factory if store_factory is not None else default_store_factory)
         self._observers: list[RuntimeObserver] = list(observers)
         self._observer_guard = threading.Lock()
+        enabled = config.mode is not RuntimeMode.DISABLED
+        self._remote_providers: tuple[RemoteArtifactProvider, ...] = (
+            tuple(remote_providers) if remote_providers else _configured_providers(config) if enabled else ()
+        )
+        self._remote_publisher = RemotePublisher(config) if enabled and config.remote_publish else None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> HostWeightRuntime:
@@ -105,6 +118,19 @@ class HostWeightRuntime:
     @property
     def config(self) -> HostWeightRuntimeConfig:
         return self._config
+
+    @property
+    def remote_providers(self) -> tuple[RemoteArtifactProvider, ...]:
+        """The remotes resolve probes after a local miss, in order (empty: no remote stage)."""
+        return self._remote_providers
+
+    def wait_for_remote_pushes(self, timeout: float | None = None) -> tuple[PushResult | HostWeightFailure, ...]:
+        """Wait for the HWR_REMOTE_PUBLISH uploads started so far (the process also waits at exit).
+
+        Returns the outcome of every push that ended (a `PushResult` or a typed failure);
+        empty when remote publishing is off.
+        """
+        return () if self._remote_publisher is None else self._remote_publisher.wait(timeout)
 
     def add_observer(self, observer: RuntimeObserver) -> None:
         """Register a callback that receives every later report; it cannot change an outcome."""
@@ -151,9 +177,19 @@ class HostWeightRuntime:
         else:
             # DOMAIN, then local lookup -> remote -> local build -> canonical fallback.
             conclusion = run_resolution(
-                self._config, identity, producer, deadline=deadline, acquire_store=self._stores.acquire
+                self._config,
+                identity,
+                producer,
+                deadline=deadline,
+                acquire_store=self._stores.acquire,
+                remote_providers=self._remote_providers,
             )
         made = resolution_report(identity.key, self._config.mode.value, conclusion, started)
+        if made.outcome is ResolutionOutcome.LOCAL_PRODUCTION and any(
+            attempt.stage is ResolutionStage.PRODUCTION and attempt.result is AttemptResult.BUILT
+            for attempt in made.attempts
+        ):
+            self._push(identity)
         self._notify(made)
         return HostWeightResolution(made, conclusion.lease)
 
@@ -176,8 +212,22 @@ class HostWeightRuntime:
         deadline = deadline_from(deadline, started, self._config.lock_timeout_s)
         outcome = post_load_publication(self._config, identity, producer, deadline, self._stores.acquire)
         made = publication_report(identity.key, outcome, started)
+        if made.status is PostLoadPublicationStatus.PUBLISHED:
+            self._push(identity)
         self._notify(made)
         return made
+
+    def _push(self, identity: WeightArtifactIdentity) -> None:
+        """HWR_REMOTE_PUBLISH: upload what this process just published, on a thread; never raises."""
+        if self._remote_publisher is None:
+            return
+        store, _failure = self._stores.acquire()
+        if store is None:  # pragma: no cover - it was open a moment ago, and an open store is cached
+            return
+        try:
+            self._remote_publisher.push(store, identity)
+        except Exception:  # the push is best effort: the request it follows has succeeded
+            _LOG.exception("starting the remote push of %s failed", identity.key)
 
     def _notify(self, made: ResolutionReport | PostLoadPublicationReport) -> None:
         """Deliver a report to every observer; an observer's exception is logged and changes nothing."""
@@ -188,3 +238,14 @@ class HostWeightRuntime:
                 observer(made)
             except Exception:
                 _LOG.exception("host weight runtime observer %r raised; the outcome is unchanged", observer)
+
+
+def _configured_providers(config: HostWeightRuntimeConfig) -> tuple[RemoteArtifactProvider, ...]:
+    """FsspecArtifactProvider for each HWR_REMOTE URL; fsspec is imported only when one is configured."""
+    if not config.remote:
+        return ()
+    from .remote import providers_from_urls
+
+    return providers_from_urls(
+        config.remote, endpoint_url=config.remote_endpoint_url, timeout_s=config.remote_timeout_s
+    )

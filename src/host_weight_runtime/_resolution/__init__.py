@@ -4,7 +4,8 @@ Layout:
   decisions.py    the decision table (ALWAYS_FATAL, may_fall_back, StageVerdict -> action), in one place
   stage.py        StageContext (one resolve's inputs) and StageOutcome (one stage's typed result)
   lookup.py       stage: local lookup
-  remote.py       stage: remote import (not configurable yet: never tried, no attempt)
+  remote.py       stage: remote import (the configured remotes in order; not tried without one)
+  remote_push.py  HWR_REMOTE_PUBLISH: push what this runtime built, off the request path
   build.py        stage: local build (a PRE_LOAD_SAFE producer through get_or_build)
   pipeline.py     RESOLVE_STAGES in order, the DOMAIN step before them and the canonical fallback after
   publication.py  the post-load publication stage

@@ -3,24 +3,29 @@
 Stages only say what they found (a `StageVerdict`); this module alone turns that into an
 action, so the whole policy (behaviours R02 and R10) reads in one place:
 
-==============================================  ===========  ========
-what a stage produced                           PREFERRED    REQUIRED
-==============================================  ===========  ========
-clean miss, nothing else could build it         fall back    fail
-invalid artifact (StoreStatus.INVALID)          fall back    fail
-failure marked retryable                        fall back    fail
-failure not retryable, or a code in ALWAYS_FATAL  fail       fail
-==============================================  ===========  ========
+================================================  ==========  ========
+what a stage produced                             PREFERRED   REQUIRED
+================================================  ==========  ========
+clean miss, nothing else could build it           fall back   fail
+invalid artifact (StoreStatus.INVALID)            fall back   fail
+failure marked retryable                          fall back   fail
+failure not retryable, or a code in ALWAYS_FATAL  fail        fail
+remote import failed, code not in ALWAYS_FATAL    next stage  fail
+================================================  ==========  ========
 
 An invalid artifact found by the lookup is not final: the producer stage still runs
 (the store quarantines the copy and rebuilds). A retryable *lookup* failure (a lock
-timeout, EIO) ends the resolve: the build would need the same locks and reads.
+timeout, EIO) ends the resolve: the build would need the same locks and reads. A
+remote is an optional source: when every configured remote missed or failed, PREFERRED
+goes on to the local build (even after a non-retryable failure: a bad remote must not
+stop a good local build) and then to the canonical fallback; REQUIRED fails.
 
-Per verdict (`stage_action`): USE ends with the lease; MISS, SKIPPED and a DENIED
-artifact whose code is not in ALWAYS_FATAL continue to the next stage; FAILED and
-INVALID end the resolve with `fallback_action`; REJECTED always fails. When every stage
-continued, the canonical fallback decides with `after_last_stage` on the denial still
-pending (or on a clean miss when there is none).
+Per verdict (`stage_action`): USE ends with the lease; MISS, SKIPPED, and a DENIED or
+UNAVAILABLE result whose code is not in ALWAYS_FATAL continue to the next stage
+(UNAVAILABLE only in PREFERRED); FAILED and INVALID end the resolve with
+`fallback_action`; REJECTED always fails. When every stage continued, the canonical
+fallback decides with `after_last_stage` on the denial or remote failure still pending
+(or on a clean miss when there is none).
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ class StageVerdict(enum.Enum):
     DENIED = "denied"  # an invalid artifact was denied; a later stage may rebuild it
     SKIPPED = "skipped"  # the stage could not run (no producer, policy); a later stage may still provide it
     NOT_TRIED = "not_tried"  # the stage does not apply to this runtime: no attempt is recorded
+    UNAVAILABLE = "unavailable"  # an optional source (a remote) failed; a later stage may still provide it
     FAILED = "failed"  # the stage failed; the resolve ends here
     INVALID = "invalid"  # the stage's own result is an invalid artifact; the resolve ends here
     REJECTED = "rejected"  # the stage refused its input before running: fatal in every mode
@@ -110,6 +116,11 @@ def stage_action(mode: RuntimeMode, verdict: StageVerdict, fail: HostWeightFailu
     if verdict is StageVerdict.DENIED:
         assert fail is not None, "a denial carries the store's failure"
         return AttemptAction.FAIL if is_always_fatal(fail) else AttemptAction.CONTINUE
+    if verdict is StageVerdict.UNAVAILABLE:
+        assert fail is not None, "an unavailable source carries its failure"
+        if mode is RuntimeMode.PREFERRED and not is_always_fatal(fail):
+            return AttemptAction.CONTINUE
+        return AttemptAction.FAIL
     if verdict is StageVerdict.FAILED:
         return fallback_action(mode, fail)
     if verdict is StageVerdict.INVALID:
@@ -119,5 +130,5 @@ def stage_action(mode: RuntimeMode, verdict: StageVerdict, fail: HostWeightFailu
 
 
 def after_last_stage(mode: RuntimeMode, denial: HostWeightFailure | None) -> AttemptAction:
-    """Every stage continued (canonical fallback): a clean miss, or a denial no later stage repaired."""
+    """Every stage continued (canonical fallback): a clean miss, or a denial or remote failure still pending."""
     return fallback_action(mode, denial, invalid_artifact=denial is not None)

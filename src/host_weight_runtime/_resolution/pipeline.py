@@ -1,8 +1,8 @@
 """The resolve pipeline: open the store, run the stages in order, conclude with canonical fallback.
 
 Order (DESIGN section 7): local lookup -> remote import -> local build -> canonical
-fallback. The stages are `RESOLVE_STAGES`; a new one (remote import, a group cohort)
-joins by adding its unit there, with any new verdict row in `decisions`.
+fallback. The stages are `RESOLVE_STAGES`; a new one (a group cohort) joins by adding
+its unit there, with any new verdict row in `decisions`.
 
 The pipeline records one attempt per stage tried, with the action the decision table
 gave it. A stage that continues hands over to the next; when no stage is left, the
@@ -17,7 +17,7 @@ from ..config import HostWeightRuntimeConfig, RuntimeMode
 from ..failures import FailureCode, HostWeightFailure, ResolutionStage, failure
 from ..identity import WeightArtifactIdentity
 from ..outcomes import AttemptAction, AttemptResult, ResolutionAttempt
-from ..protocols import WeightProducer
+from ..protocols import RemoteArtifactProvider, WeightProducer
 from .build import local_build
 from .decisions import StageVerdict, after_last_stage, stage_action
 from .lookup import local_lookup
@@ -39,6 +39,7 @@ def run_resolution(
     deadline: float,
     acquire_store: StoreAcquirer,
     stages: tuple[ResolveStage, ...] = RESOLVE_STAGES,
+    remote_providers: tuple[RemoteArtifactProvider, ...] = (),
 ) -> ResolveConclusion:
     """Resolve an enabled runtime's request; every store and policy outcome is a conclusion, never raised."""
     key, mode = identity.key, config.mode
@@ -60,12 +61,13 @@ def run_resolution(
             key, [attempt_of(opened, action, time.monotonic() - stage_start)], action, init_failure
         )
 
-    context = StageContext(identity, producer, deadline, config, store)
+    context = StageContext(identity, producer, deadline, config, store, remote_providers)
     attempts: list[ResolutionAttempt] = []
     # The last stage that continued: its action is CONTINUE once a later stage is tried,
     # or the canonical fallback's action when none is.
     continued: tuple[StageOutcome, float] | None = None
-    denial: HostWeightFailure | None = None  # the last denial no later stage has repaired
+    # The last denial (or remote failure) no later stage has repaired: the canonical fallback's reason.
+    denial: HostWeightFailure | None = None
     for run_stage in stages:
         stage_start = time.monotonic()
         outcome = run_stage(context)
@@ -78,7 +80,7 @@ def run_resolution(
         action = stage_action(mode, outcome.verdict, outcome.failure)
         if action is AttemptAction.CONTINUE:
             continued = (outcome, elapsed)
-            if outcome.verdict is StageVerdict.DENIED:
+            if outcome.verdict in (StageVerdict.DENIED, StageVerdict.UNAVAILABLE):
                 denial = outcome.failure
             continue
         attempts.append(attempt_of(outcome, action, elapsed))

@@ -15,7 +15,7 @@ from ..failures import HostWeightFailure, ResolutionStage
 from ..identity import WeightArtifactIdentity
 from ..lease import HostWeightLease
 from ..outcomes import AttemptResult, ResolutionOutcome
-from ..protocols import HostWeightStore, WeightProducer
+from ..protocols import HostWeightStore, RemoteArtifactProvider, WeightProducer
 from .decisions import StageVerdict
 
 __all__ = ["ResolveStage", "StageContext", "StageOutcome"]
@@ -30,6 +30,7 @@ class StageContext:
     deadline: float
     config: HostWeightRuntimeConfig
     store: HostWeightStore
+    remote_providers: tuple[RemoteArtifactProvider, ...] = ()  # probed in order by the remote stage
 
 
 @dataclass(frozen=True, slots=True)

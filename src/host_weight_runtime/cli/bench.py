@@ -24,7 +24,7 @@ def register(commands: Subcommands) -> None:
         "time to ready, peak RSS and shared memory of canonical, cold, warm and peer loaders, side by side",
     )
     sub.add_argument(
-        "--quick", action="store_true", help="under 3 minutes: 0.25 GiB, 3 runs, hot cache only, fewer memory groups"
+        "--quick", action="store_true", help="about 3.5 minutes: 0.25 GiB, 3 runs, hot cache only, fewer memory groups"
     )
     sub.add_argument("--size", type=positive_float, default=None, metavar="GIB", help="BF16 weights in GiB (default 1)")
     sub.add_argument(

@@ -26,6 +26,7 @@ from typing import Any, cast
 
 import torch
 
+from .._exit_wait import wait_at_exit
 from ..canonical_json import encode_canonical
 from ..config import RuntimeMode
 from ..failures import (
@@ -198,50 +199,6 @@ class PrewarmResult:
     tensor_count: int
 
 
-# Background publications still running; the interpreter waits for them before it shuts threads down.
-_running: set[BackgroundPublication] = set()
-_running_guard = threading.Lock()
-_exit_wait_registered = threading.Event()
-
-
-def _wait_for_background_publications() -> None:
-    """Join every running background publication (called once, at interpreter exit)."""
-    while True:
-        with _running_guard:
-            pending = next(iter(_running), None)
-        if pending is None:
-            return
-        pending._thread.join()
-        with _running_guard:
-            _running.discard(pending)
-
-
-def _register_exit_wait() -> None:
-    """Make interpreter exit wait for background publications while thread pools still take work.
-
-    A plain non-daemon thread is not enough: at exit, `threading._shutdown()` first runs the
-    callbacks registered with `threading._register_atexit`, newest first, and only then joins
-    non-daemon threads. One of those callbacks, registered when `concurrent.futures.thread` is
-    imported, makes every executor refuse new work ("cannot schedule new futures after
-    interpreter shutdown"), and the publication hashes and writes through executors. So the wait
-    is registered the same way, after that module is imported, and therefore runs before it. The
-    hook is CPython's (3.9+); where it is missing, `background_publication.wait()` is the way.
-    """
-    with _running_guard:
-        if _exit_wait_registered.is_set():
-            return
-        import concurrent.futures.thread  # noqa: F401  (its exit callback must be registered before ours)
-
-        register: Callable[[Callable[[], None]], None] | None = getattr(threading, "_register_atexit", None)
-        try:
-            if register is None:
-                raise RuntimeError("this Python has no threading._register_atexit")
-            register(_wait_for_background_publications)
-        except RuntimeError as exc:  # also raised when the interpreter is already shutting down
-            _LOG.warning("cannot wait for background publications at exit (%s); call wait() before exiting", exc)
-        _exit_wait_registered.set()
-
-
 class BackgroundPublication:
     """The artifact of a canonically loaded model, built from its checkpoint on a thread of its own.
 
@@ -260,9 +217,7 @@ class BackgroundPublication:
         self.failure: HostWeightFailure | None = None
         self.elapsed_s: float | None = None
         self._thread = threading.Thread(target=self._run, name="hwr-background-publish", daemon=False)
-        _register_exit_wait()
-        with _running_guard:
-            _running.add(self)
+        wait_at_exit(self._thread)
         self._thread.start()
 
     def _run(self) -> None:
@@ -281,8 +236,6 @@ class BackgroundPublication:
             self.elapsed_s = time.monotonic() - started
             self._job = _finished_job
             self._done.set()
-            with _running_guard:
-                _running.discard(self)
 
     @property
     def done(self) -> bool:
@@ -703,9 +656,14 @@ def load_component(
     `publish_in_background=True` (PREFERRED, safetensors checkpoints) returns the canonical
     model as soon as it is loaded and builds the artifact from the checkpoint on a thread
     (`LoadedComponent.background_publication`; the process waits for it at exit). When this
-    node has never hashed the checkpoint files, no artifact can exist for them here, so the
-    lookup is skipped (outcome CANONICAL_FALLBACK, one SKIPPED attempt), the hashing moves to
-    that thread too, and the first worker starts as fast as a plain `from_pretrained`.
+    node has never hashed the checkpoint files and no remote is configured, no artifact can
+    exist for them here, so the lookup is skipped (outcome CANONICAL_FALLBACK, one SKIPPED
+    attempt), the hashing moves to that thread too, and the first worker starts as fast as a
+    plain `from_pretrained`.
+
+    `HWR_REMOTE` (or the runtime's remote providers) makes a local miss import the exact
+    artifact from a remote (outcome REMOTE_IMPORT) before any local build or canonical load;
+    `HWR_REMOTE_PUBLISH=true` pushes what this node publishes, off the request path.
 
     With `parallel.tensor_parallel_size > 1` (torch.distributed initialized) this rank loads its
     own artifact and returns a parallelized model; `process_group=` makes the group's ranks
@@ -790,7 +748,9 @@ def load_component(
             options=options,
             clock=clock,
         )
-        if background and skeleton.source.use_safetensors and _needs_hashing(skeleton.source, runtime):
+        # Without a remote, a node that never hashed these files cannot hold their artifact: skip the lookup.
+        remote = bool(runtime.remote_providers)
+        if background and skeleton.source.use_safetensors and not remote and _needs_hashing(skeleton.source, runtime):
             model = _canonical(skeleton.model_class, skeleton.source, name_or_path, options)
             skipped = ResolutionAttempt(
                 ResolutionStage.LOOKUP, AttemptResult.SKIPPED, AttemptAction.FALL_BACK, 0.0, None, _SKIPPED_LOOKUP

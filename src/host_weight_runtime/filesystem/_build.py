@@ -72,6 +72,7 @@ class ArtifactBuilder:
         *,
         validation: ValidationLevel,
         deadline: float,
+        lease_source: LeaseSource = LeaseSource.BUILT,
     ) -> StoreResult:
         """HIT if published; else build once under the build lock (BUILT) or join another builder (JOINED)."""
         started = time.monotonic()
@@ -94,7 +95,9 @@ class ArtifactBuilder:
         except HostWeightError as exc:
             return StoreResult(StoreStatus.FAILED, identity, failure=exc.failure, elapsed_s=time.monotonic() - started)
         try:
-            result = self.build_locked(identity, producer, validation=validation, deadline=deadline)
+            result = self.build_locked(
+                identity, producer, validation=validation, deadline=deadline, lease_source=lease_source
+            )
         finally:
             build_lock.release()
         return StoreResult(
@@ -132,6 +135,7 @@ class ArtifactBuilder:
         *,
         validation: ValidationLevel,
         deadline: float,
+        lease_source: LeaseSource = LeaseSource.BUILT,
     ) -> StoreResult:
         """The build itself. The caller holds the build lock (tests call it bare to race two builders)."""
         key = identity.key
@@ -165,7 +169,9 @@ class ArtifactBuilder:
             fault_point("build.staging_created")
             manifest = self._produce_into(staging, identity, producer, deadline=deadline)
             marker = seal(staging, manifest)
-            published = self._publisher.publish(staging, identity, manifest, marker, deadline=deadline)
+            published = self._publisher.publish(
+                staging, identity, manifest, marker, deadline=deadline, lease_source=lease_source
+            )
             if published.status is StoreStatus.BUILT:
                 nbytes = sum(entry.size for entry in manifest.files)
                 event = _telemetry.TelemetryEvent(_telemetry.TelemetryKind.PUBLISHED, self._storage_class, nbytes)

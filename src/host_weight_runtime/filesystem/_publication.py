@@ -98,6 +98,7 @@ class Publisher:
         marker: PublicationMarker,
         *,
         deadline: float,
+        lease_source: LeaseSource = LeaseSource.BUILT,
     ) -> StoreResult:
         """Rename the sealed `staging` into place under the exclusive artifact lock; BUILT, JOINED or FAILED."""
         key = identity.key
@@ -142,7 +143,7 @@ class Publisher:
                 hash_threads=self._hash_threads,
             )
             lease = self._lookup.make_lease(
-                identity, validated, lock, validation=ValidationLevel.MANIFEST_AND_METADATA, source=LeaseSource.BUILT
+                identity, validated, lock, validation=ValidationLevel.MANIFEST_AND_METADATA, source=lease_source
             )
             handed_over = True
             return StoreResult(StoreStatus.BUILT, identity, lease=lease, publication_id=marker.publication_id)

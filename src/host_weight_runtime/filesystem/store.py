@@ -144,16 +144,21 @@ class FilesystemHostWeightStore:
         *,
         validation: ValidationLevel,
         deadline: float,
+        lease_source: LeaseSource = LeaseSource.BUILT,
     ) -> StoreResult:
         """HIT if published; else build once under the build lock (BUILT) or join another builder (JOINED).
 
+        `lease_source` is the provenance a lease of an artifact this call built carries
+        (a remote import passes REMOTE_IMPORT); hits and joins keep their own.
         An ARTIFACT_BUNDLE `WeightBundleProducer` builds all its missing outputs in one pass.
         """
         if producer.spec.coordination_scope is CoordinationScope.ARTIFACT_BUNDLE and isinstance(
             producer, WeightBundleProducer
         ):
             return self._bundles.get_or_build(request, producer, validation=validation, deadline=deadline)
-        return self._builder.get_or_build(request, producer, validation=validation, deadline=deadline)
+        return self._builder.get_or_build(
+            request, producer, validation=validation, deadline=deadline, lease_source=lease_source
+        )
 
     def _build_locked(
         self,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit
 
+from .._remote_url import DEFAULT_TIMEOUT_S, check_remote_url
 from ..canonical_json import JsonValue
 from ..failures import FailureCode, HostWeightError, ResolutionStage, failure
 from ..filesystem._fsutil import errno_name
@@ -33,7 +34,6 @@ __all__ = [
     "remote_failed",
 ]
 
-DEFAULT_TIMEOUT_S = 30.0
 _READ_ONLY_PROTOCOLS = frozenset({"http", "https"})
 _LOCAL_PROTOCOLS = frozenset({"file", "local"})
 _NETWORK_ERRNOS = frozenset(
@@ -56,32 +56,6 @@ def remote_failed(message: str, *, retryable: bool, **details: JsonValue) -> Hos
     return HostWeightError(
         failure(ResolutionStage.REMOTE, FailureCode.REMOTE_FAILED, message, retryable=retryable, **details)
     )
-
-
-def check_remote_url(url: str) -> str:
-    """The URL's secret-free name (scheme://host/path); raise ValueError for a URL that carries secrets.
-
-    Credentials belong in the backend's own configuration (AWS environment, profiles,
-    storage options), so a URL with user info or a query string (a signed URL) is
-    refused without echoing it.
-    """
-    if type(url) is not str or not url.strip():
-        raise ValueError("a remote URL must be a non-empty string such as s3://bucket/prefix or file:///shared/hwr")
-    parts = urlsplit(url.strip())
-    if not parts.scheme or len(parts.scheme) < 2:
-        raise ValueError("a remote URL needs a scheme: s3://bucket/prefix, gs://..., https://... or file:///path")
-    if "@" in parts.netloc:
-        raise ValueError(
-            "the remote URL carries credentials (user@ or user:password@); remove them and use the backend's own "
-            "credentials (AWS_* environment variables, a profile, or storage options)"
-        )
-    if parts.query or parts.fragment:
-        raise ValueError(
-            "the remote URL carries a query string or fragment (a signed URL?); give the plain prefix URL and "
-            "configure credentials through the backend instead"
-        )
-    name = f"{parts.scheme.lower()}://{parts.netloc}{parts.path}"
-    return name.rstrip("/") if parts.path not in ("", "/") else name
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,7 +307,8 @@ class RemoteLocation:
             )
         return bytes(data) if isinstance(data, bytearray) else data
 
-    def _require_writable(self, relative: str) -> None:
+    def require_writable(self, relative: str) -> None:
+        """Raise UNSUPPORTED on a read-only (http/https) remote."""
         if self._read_only:
             raise HostWeightError(
                 failure(
@@ -347,7 +322,7 @@ class RemoteLocation:
 
     def write(self, relative: str, data: bytes) -> None:
         """Write a small object whole. On local files it appears by rename, so no reader sees half of it."""
-        self._require_writable(relative)
+        self.require_writable(relative)
         target = self.path(relative)
         if self._local:
             folder = target.rsplit("/", 1)[0]
@@ -360,7 +335,7 @@ class RemoteLocation:
 
     def upload(self, local_path: str, relative: str) -> None:
         """Copy one local file to the remote (multipart on object stores); no whole-call timeout."""
-        self._require_writable(relative)
+        self.require_writable(relative)
         target = self.path(relative)
         if self._local:
             folder = target.rsplit("/", 1)[0]
@@ -368,7 +343,7 @@ class RemoteLocation:
         self._call("put_file", "uploading", relative, local_path, target, timeout=False)
 
     def remove(self, relative: str) -> None:
-        self._require_writable(relative)
+        self.require_writable(relative)
         self._call("rm_file", "removing", relative, self.path(relative))
 
 

@@ -15,6 +15,7 @@ import time
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
 from ..filesystem.store import FilesystemHostWeightStore
 from ..identity import WeightArtifactIdentity
+from ..lease import LeaseSource
 from ..manifest import manifest_sha256
 from ..outcomes import CleanupStatus, StoreResult, StoreStatus
 from ..protocols import (
@@ -91,7 +92,8 @@ def import_remote_artifact(
 ) -> StoreResult | None:
     """None when the remote does not offer `identity`; else the store's result of importing it.
 
-    BUILT: this process fetched and published it. JOINED: another process on this node
+    BUILT: this process fetched and published it (on the filesystem store its lease's
+    provenance is `LeaseSource.REMOTE_IMPORT`). JOINED: another process on this node
     was importing (or building) it and this one waited. HIT: it was published locally
     meanwhile. FAILED: a typed failure at the REMOTE stage; nothing partial is visible.
     """
@@ -127,7 +129,13 @@ def import_remote_artifact(
             started,
         )
     producer = RemoteImportProducer(provider, descriptor)
-    result = store.get_or_build(BuildRequest(identity), producer, validation=validation, deadline=deadline)
+    request = BuildRequest(identity)
+    if isinstance(store, FilesystemHostWeightStore):
+        result = store.get_or_build(
+            request, producer, validation=validation, deadline=deadline, lease_source=LeaseSource.REMOTE_IMPORT
+        )
+    else:  # the protocol's get_or_build knows no provenance; the lease says BUILT
+        result = store.get_or_build(request, producer, validation=validation, deadline=deadline)
     if result.status is StoreStatus.BUILT:
         problem = verify_imported(store, result, descriptor)
         if problem is not None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._exit_wait import wait_at_exit
 from ..canonical_json import JsonValue
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
 from ..filesystem._fsutil import read_small_file
@@ -178,6 +179,7 @@ def push_artifact(
     key = identity.key
     reader = FsspecArtifactProvider(url, storage_options=storage_options, timeout_s=timeout_s)
     location = reader.location
+    location.require_writable(key)  # before any work: an http(s) remote is read-only
     local = store.lookup(identity, validation=ValidationLevel.FULL_CHECKSUM, deadline=deadline)
     if local.lease is None:
         problem = local.failure or failure(
@@ -251,11 +253,12 @@ def push_in_background(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     report: Callable[[PushResult | HostWeightFailure], None] | None = None,
 ) -> threading.Thread:
-    """Push off the request path (HWR_REMOTE_PUBLISH): a daemon thread that reports a result or a failure.
+    """Push off the request path (HWR_REMOTE_PUBLISH): a thread that reports a result or a failure.
 
     The thread never raises: a typed failure (or an unexpected error, typed here) goes
-    to `report`. If the process exits first, the upload stops before its descriptor, so
-    the remote offers nothing from it and the next push completes it.
+    to `report`. Interpreter exit waits for it (like a background publication). If the
+    process dies first, the upload stops before its descriptor, so the remote offers
+    nothing from it and the next push completes it.
     """
 
     def run() -> None:
@@ -277,6 +280,7 @@ def push_in_background(
             report(outcome)
 
     thread = threading.Thread(target=run, name=f"hwr-push-{identity.key[:12]}", daemon=True)
+    wait_at_exit(thread)
     thread.start()
     return thread
 

@@ -9,6 +9,8 @@ from .names import (
     COLD_PUBLISH,
     COLD_STREAM,
     HOT,
+    REMOTE_FILE,
+    REMOTE_S3,
     VIEWS_HUGE,
     VIEWS_SHM,
     WARM_HUGE,
@@ -104,4 +106,11 @@ def goals(data: dict[str, JsonValue]) -> list[JsonValue]:
     startup = data.get("cli_startup")
     inspect = _median(startup, "inspect_s") if isinstance(startup, dict) else None
     goal("`hwr inspect` start-up in a fresh process, s", inspect, STARTUP_TARGET_S, False)
+    remote = data.get("remote")
+    measured = remote.get("throughput") if isinstance(remote, dict) else None
+    for row, label in ((REMOTE_FILE, "file://"), (REMOTE_S3, "moto S3")):
+        entry = measured.get(row) if isinstance(measured, dict) else None
+        ratio_value = entry.get("import_vs_plain_copy") if isinstance(entry, dict) else None
+        measured_ratio = ratio_value if isinstance(ratio_value, float) else None
+        goal(f"remote import throughput / plain fsspec copy ({label})", measured_ratio, 0.8)
     return goals

@@ -17,7 +17,13 @@ from typing import Any
 
 import torch
 
-from host_weight_runtime import HostWeightRuntime, HostWeightRuntimeConfig, RuntimeMode, StorageClass
+from host_weight_runtime import (
+    FsspecArtifactProvider,
+    HostWeightRuntime,
+    HostWeightRuntimeConfig,
+    RuntimeMode,
+    StorageClass,
+)
 from host_weight_runtime.diffusion import LoadedComponent, build_skeleton, load_component
 
 from ..common import JsonValue
@@ -59,6 +65,8 @@ class RowSpec:
     publish_in_background: bool = False  # HWR: return the canonical model, publish on a thread
     peer: str | None = None  # PEER: the peer's name
     peer_file: str | None = None  # PEER: the final-layout file it reads
+    remote_url: str | None = None  # HWR: a remote (HWR_REMOTE) the runtime imports from after a local miss
+    remote_options: dict[str, Any] | None = None  # HWR: its fsspec storage options (a local endpoint, no secret)
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
@@ -71,6 +79,8 @@ class RowSpec:
             "publish_in_background": self.publish_in_background,
             "peer": self.peer,
             "peer_file": self.peer_file,
+            "remote_url": self.remote_url,
+            "remote_options": self.remote_options,
         }
 
     @classmethod
@@ -85,6 +95,8 @@ class RowSpec:
             publish_in_background=bool(value.get("publish_in_background", False)),
             peer=None if value.get("peer") is None else str(value["peer"]),
             peer_file=None if value.get("peer_file") is None else str(value["peer_file"]),
+            remote_url=None if value.get("remote_url") is None else str(value["remote_url"]),
+            remote_options=None if value.get("remote_options") is None else dict(value["remote_options"]),
         )
 
 
@@ -182,9 +194,13 @@ class _Loaded:
             self.peer_load.close()
 
 
-def _runtime(root: str) -> HostWeightRuntime:
+def _runtime(root: str, spec: RowSpec) -> HostWeightRuntime:
+    """The row's runtime: PREFERRED on a tmpfs domain, importing from the row's remote when it has one."""
     config = HostWeightRuntimeConfig(mode=RuntimeMode.PREFERRED, root=Path(root), storage_class=StorageClass.TMPFS)
-    return HostWeightRuntime(config)
+    if spec.remote_url is None:
+        return HostWeightRuntime(config)
+    provider = FsspecArtifactProvider(spec.remote_url, storage_options=spec.remote_options or {})
+    return HostWeightRuntime(config, remote_providers=[provider])
 
 
 def _load(spec: RowSpec, flux_class: Any) -> _Loaded:
@@ -197,7 +213,7 @@ def _load(spec: RowSpec, flux_class: Any) -> _Loaded:
         component = load_component(
             spec.pipeline,
             subfolder=spec.subfolder,
-            runtime=_runtime(spec.root),
+            runtime=_runtime(spec.root, spec),
             stream_on_miss=spec.stream_on_miss,
             publish_in_background=spec.publish_in_background,
         )

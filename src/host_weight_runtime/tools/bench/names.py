@@ -9,6 +9,8 @@ __all__ = [
     "COLD_PUBLISH",
     "COLD_STREAM",
     "HOT",
+    "REMOTE_FILE",
+    "REMOTE_S3",
     "VIEWS_HUGE",
     "VIEWS_SHM",
     "WARM_HUGE",
@@ -23,5 +25,7 @@ WARM_SHM = "hwr warm: /dev/shm"
 WARM_HUGE = "hwr warm: huge-page tmpfs"
 VIEWS_SHM = "safetensors-mmap-views: /dev/shm"
 VIEWS_HUGE = "safetensors-mmap-views: huge-page tmpfs"
+REMOTE_FILE = "hwr node B: remote import (file://)"
+REMOTE_S3 = "hwr node B: remote import (moto S3)"
 HOT = "hot"
 COLD = "cold"

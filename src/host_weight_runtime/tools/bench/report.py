@@ -66,6 +66,44 @@ def _rows_table(rows: dict[str, Any], cache: str, memory: bool) -> list[str]:
     return lines
 
 
+def _remote_lines(data: dict[str, Any]) -> list[str]:
+    """Node B (an empty domain importing the artifact) next to canonical, and import vs a plain fsspec copy."""
+    remote = data.get("remote")
+    if not isinstance(remote, dict):
+        return []
+    rows = data["rows"]
+    canonical = rows.get(CANONICAL, {}).get(HOT)
+    canonical_ms = None if canonical is None else canonical["time_to_ready_ms"]["median"]
+    parts: list[str] = []
+    for name, measured in remote["throughput"].items():
+        ready = rows.get(name, {}).get(HOT)
+        skipped = remote.get("rows_not_measured", {}).get(name, "")
+        ready_text = (
+            f"not measured ({skipped or 'no row'})"
+            if ready is None
+            else f"{ready['time_to_ready_ms']['median']:.0f} ms to ready"
+        )
+        if ready is not None and canonical_ms:
+            ready_text += f" ({_speedup(canonical_ms, ready['time_to_ready_ms']['median'])} than canonical)"
+        object_gib = measured["object_bytes"] / (1 << 30)
+        imported, copied = measured["import_s"], measured["plain_copy_s"]
+        ratio = measured["import_vs_plain_copy"]
+        parts.append(
+            f"{remote['targets'][name]['url']} ({measured['kind']}): node B {ready_text}; import "
+            f"{imported['median'] * 1000:.0f} ms ({object_gib / imported['median']:.2f} GiB/s) vs plain fsspec copy "
+            f"{copied['median'] * 1000:.0f} ms ({object_gib / copied['median']:.2f} GiB/s), "
+            f"{'n/a' if ratio is None else f'{ratio:.2f}x'}; push took {remote['targets'][name]['push_s']:.1f} s"
+        )
+    for name, why in remote["unavailable"].items():
+        parts.append(f"{name}: not measured ({why})")
+    return [
+        "**Remote artifacts** (node A pushed the artifact; node B is an empty domain importing it; import "
+        "throughput is the whole import, re-hashing included, next to a plain copy of the same objects): "
+        + "; ".join(parts)
+        + "."
+    ]
+
+
 def markdown(report: BenchReport) -> str:
     """The report as a markdown section: machine, model, rows (hot, cold), concurrency, throughput, goals."""
     data: dict[str, Any] = report.data
@@ -126,6 +164,7 @@ def markdown(report: BenchReport) -> str:
         spread = f"[{stats['min'] * 1000:.0f}, {stats['max'] * 1000:.0f}]"
         return f"{stats['median'] * 1000:.0f} ms {spread}, {payload_gib / stats['median']:.2f} GiB/s"
 
+    lines += ["", *_remote_lines(data)]
     lines += [
         "",
         f"**Throughput** ({payload_gib:.2f} GiB on the domain's filesystem): "

@@ -23,7 +23,15 @@ from typing import IO, Any
 
 import torch
 
-from host_weight_runtime import HostWeightRuntime, HostWeightRuntimeConfig, RuntimeMode, StorageClass
+from host_weight_runtime import (
+    FilesystemHostWeightStore,
+    HostWeightRuntime,
+    HostWeightRuntimeConfig,
+    RuntimeMode,
+    StorageClass,
+    WeightArtifactIdentity,
+    WeightManifest,
+)
 from host_weight_runtime._faults import fault_point
 from host_weight_runtime.diffusion import load_component, prewarm_component
 
@@ -47,6 +55,7 @@ from .names import (
     WARM_SHM,
 )
 from .peers import PEERS, Peer, PeerFormat, peer_file_name, peer_unavailable_reason, write_peer_files
+from .remote import measure_remote_throughput, remote_targets
 from .startup import measure_cli_startup
 from .stats import Stats
 from .throughput import ThroughputSamples, measure_throughput
@@ -75,6 +84,8 @@ class BenchOptions:
     all_memory_groups: bool = True  # False: the 4-worker PSS groups only for canonical, warm and bare views
     cold_starter_runs: int | None = None  # None: `runs`
     memory_runs: int | None = None  # None: `runs`
+    remote_runs: int | None = None  # remote import vs plain copy runs; None: `runs`
+    remote_s3_row: bool = True  # False: node B's time to ready over file:// only (S3 throughput still measured)
 
     def __post_init__(self) -> None:
         if not 0 < self.size_gib <= 64:
@@ -86,8 +97,17 @@ class BenchOptions:
 
     @classmethod
     def quick(cls) -> BenchOptions:
-        """Under 3 minutes: 0.25 GiB, 3 runs per time, one run per memory group (goal rows only), hot cache."""
-        return cls(size_gib=0.25, runs=3, cold_cache=False, all_memory_groups=False, cold_starter_runs=1, memory_runs=1)
+        """Under 3.5 minutes: 0.25 GiB, 3 runs per time, one run per memory group (goal rows only), hot cache."""
+        return cls(
+            size_gib=0.25,
+            runs=3,
+            cold_cache=False,
+            all_memory_groups=False,
+            cold_starter_runs=1,
+            memory_runs=1,
+            remote_runs=2,
+            remote_s3_row=False,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +175,11 @@ def _final_layout_state_dict(pipeline: Path, root: Path) -> dict[str, torch.Tens
         if loaded.outcome is None or loaded.outcome.value != "local_hit":
             raise RuntimeError(f"setup expected a local hit on {root}, got {loaded.summary()}")
         return {name: tensor.detach().clone() for name, tensor in loaded.model.state_dict().items()}
+
+
+def _published_identity(store: FilesystemHostWeightStore, key: str) -> WeightArtifactIdentity:
+    """The identity of a published artifact, read from its manifest."""
+    return WeightManifest.from_bytes((store.layout.artifact_dir(key) / "manifest.json").read_bytes()).identity
 
 
 def _huge_page_bytes() -> int:
@@ -355,7 +380,10 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
             views_huge.mkdir()
             shutil.copyfile(peer_files[PeerFormat.SAFETENSORS], views_huge / peer_file_name(PeerFormat.SAFETENSORS))
         del state_dict
-        _read_through(checkpoint_files + list(peer_files.values()))
+        warm_store = FilesystemHostWeightStore(warm_root)
+        remotes = cleanup.enter_context(remote_targets(warm_store, prewarm.identity_key, disk_dir, say))
+        remote_files = _files_under(disk_dir / "remote")
+        _read_through(checkpoint_files + list(peer_files.values()) + remote_files)
 
         def spec(name: str, kind: LoadKind, **extra: Any) -> RowSpec:
             return RowSpec(name=name, kind=kind, pipeline=str(pipeline), subfolder=TRANSFORMER_SUBFOLDER, **extra)
@@ -424,6 +452,30 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
                     cold_cache=False,
                 )
             )
+        rows_not_measured: dict[str, JsonValue] = {}
+        for target in remotes.targets:
+            if target.kind == "s3" and not options.remote_s3_row:
+                rows_not_measured[target.row] = (
+                    "--quick times node B over file:// only; S3 import throughput is measured"
+                )
+                continue
+            rows.append(
+                _Row(
+                    spec(
+                        target.row,
+                        LoadKind.HWR,
+                        root="",
+                        remote_url=target.url,
+                        remote_options=target.storage_options,
+                    ),
+                    f"load_component on an empty domain (node B) with the remote {target.url}: import the exact "
+                    "artifact node A pushed (every byte re-hashed, published atomically), then restore from it",
+                    tuple(remote_files) if target.kind == "file" else (),
+                    fresh_domain=True,
+                    memory_group=False,
+                    cold_cache=target.kind == "file",
+                )
+            )
         unavailable: dict[str, JsonValue] = {}
         for peer in PEERS:
             if peer.name in unavailable_reasons:
@@ -461,6 +513,10 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
         throughput = measure_throughput(shm_dir, min(bf16_bytes, prewarm.total_bytes), options.runs)
         say("start-up: `hwr inspect` in a fresh process vs `python -c pass`")
         startup = measure_cli_startup(warm_root, max(options.runs, STARTUP_MIN_RUNS))
+        say("throughput: remote import vs a plain fsspec copy of the same objects")
+        remote_throughput = measure_remote_throughput(
+            remotes, _published_identity(warm_store, prewarm.identity_key), shm_dir, options.remote_runs or options.runs
+        )
         elapsed = time.perf_counter() - started
         data: dict[str, Any] = {
             "date": time.strftime("%Y-%m-%d"),
@@ -473,6 +529,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
                 "cold_starter_runs": options.cold_starter_runs or options.runs,
                 "memory_runs": options.memory_runs or options.runs,
                 "cold_cache": options.cold_cache,
+                "remote_runs": options.remote_runs or options.runs,
             },
             "model": {
                 "class": "FluxTransformer2DModel",
@@ -486,6 +543,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
             "concurrent_cold_starters": concurrent,
             "throughput": _throughput_dict(throughput),
             "cli_startup": startup.to_dict(),
+            "remote": {**remotes.to_dict(), "throughput": remote_throughput, "rows_not_measured": rows_not_measured},
             "elapsed_s": elapsed,
         }
         data["goals"] = goals(data)

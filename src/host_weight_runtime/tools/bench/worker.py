@@ -40,6 +40,10 @@ def worker_command(spec: RowSpec, *, hold: bool) -> list[str]:
 def _preload(spec: RowSpec) -> object:
     """Import everything the row uses, so the timed load pays no import."""
     flux_class = model_class()
+    if spec.remote_url is not None:  # the remote's fsspec backend (s3fs, botocore) is imported off the clock too
+        import fsspec.core
+
+        fsspec.core.url_to_fs(spec.remote_url, **(spec.remote_options or {}))
     if spec.kind is LoadKind.PEER and spec.peer is not None:
         importlib.import_module("safetensors.torch")
         importlib.import_module(peer_named(spec.peer).requirement)
