@@ -15,6 +15,11 @@ being written (a single row longer than `chunk_bytes` is read whole).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
 import collections
 import contextlib
 import hashlib
@@ -22,8 +27,6 @@ from collections.abc import Generator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from .._digest import DIGEST_ALGORITHM, TreeHasher
 from .._faults import fault_point
@@ -124,6 +127,8 @@ def _spec_of(entry: TensorManifestEntry) -> TensorWriteSpec:
 
 def _tensor_from(buffer: bytearray, write: _Write) -> torch.Tensor:
     """A tensor viewing `write`'s bytes inside `buffer` (no copy); written before the buffer is dropped."""
+    import torch  # only a fetch needs it: `hwr inspect` and friends start without torch
+
     dtype = write.spec.dtype
     if write.nbytes == 0:
         return torch.empty(write.spec.shape, dtype=dtype)
