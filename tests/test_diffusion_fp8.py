@@ -176,6 +176,7 @@ def test_tp2_fp8_shards_are_slices_of_the_full_tensor_quantization(tmp_path: Pat
         FinalLayoutFP8Restorer(context)._plan_on_identity_skeleton(holder, lease).commit()
         for name in quantized:
             module = holder.get_submodule(f"{DIT}.{name}")
+            assert isinstance(module, FP8Linear)
             assert module.weight.data_ptr() == lease.tensors[f"{DIT}.{name}.weight"].data_ptr()
         lease.close()
     assert split > 0

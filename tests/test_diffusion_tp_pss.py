@@ -116,10 +116,10 @@ def test_two_replicas_of_each_rank_share_its_pages(tmp_path: Path, flux: Folder)
         for _rank, _process, conn in children:
             conn.send("go")
     finally:
-        for _rank, process, conn in children:
-            process.join(DEADLINE_S)
-            if process.is_alive():
-                process.kill()
-                process.join(DEADLINE_S)
+        for _rank, started, conn in children:
+            started.join(DEADLINE_S)
+            if started.is_alive():
+                started.kill()
+                started.join(DEADLINE_S)
             conn.close()
     assert [process.exitcode for _rank, process, _conn in children] == [0] * (WORLD * REPLICAS)
