@@ -90,6 +90,7 @@ def group_child(rank: int, setup: dict[str, Any], report: Connection, control: C
                     parallel=parallel,
                     process_group=dist.group.WORLD,
                     stream_on_miss=step.get("stream"),
+                    representation=step.get("representation", "bf16"),
                 )
             except HostWeightError as exc:
                 report.send({"rank": rank, "failed": exc.failure.code.value})

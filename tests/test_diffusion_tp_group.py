@@ -157,3 +157,23 @@ def test_four_rank_group_cold_and_warm(tmp_path: Path, flux: Folder, reference: 
     for before, after in zip(cold, warm, strict=True):
         assert torch.equal(before["output"], after["output"])
         torch.testing.assert_close(after["output"].float(), reference.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_fp8_group_publishes_per_rank_then_hits_with_identical_forward(tmp_path: Path, flux: Folder) -> None:
+    """D14/D05: a cold TP=2 FP8 group in PREFERRED loads canonically, quantizes with full-tensor scales and
+    publishes each rank's FP8 shards; the warm group hits on every rank; the parallelized FP8 forward equals
+    the cold one bit for bit and matches the unsharded FP8 forward within BF16 tolerance."""
+    from host_weight_runtime.diffusion.loader import quantize_model_fp8
+    from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
+
+    unsharded = flux.canonical()
+    quantize_model_fp8(unsharded)
+    expected = run_forward("flux", unsharded, forward_inputs("flux", unsharded, seed=5))
+    steps: list[dict[str, Any]] = [{"mode": "preferred", "representation": "fp8"}] * 2
+    cold, warm = run_group(tmp_path, flux, tmp_path / "hwr", 2, steps)
+    assert [result["path"] for result in cold] == ["canonical", "canonical"]
+    assert {result["outcome"] for result in warm} == {"local_hit"}
+    assert len({result["key"] for result in warm}) == 2
+    for before, after in zip(cold, warm, strict=True):
+        assert torch.equal(before["output"], after["output"])
+        torch.testing.assert_close(after["output"].float(), expected.float(), atol=3e-2, rtol=3e-2)

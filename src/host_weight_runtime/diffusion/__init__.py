@@ -6,7 +6,7 @@ for loaders that assemble pipelines themselves.
 """
 
 from ..failures import HostWeightUsageError
-from . import contracts, identity_adapter, producers, restorer, source_identity, tensor_layout
+from . import contracts, fp8, identity_adapter, producers, restorer, source_identity, tensor_layout
 from .contracts import (
     FINAL_LAYOUT_BF16_POLICY,
     FINAL_LAYOUT_BF16_SPEC,
@@ -19,6 +19,14 @@ from .contracts import (
     FinalLayoutTensorPolicy,
     ImplementationIdentity,
     implementation_abi_fingerprint,
+)
+from .fp8 import (
+    FINAL_LAYOUT_FP8_POLICY,
+    FINAL_LAYOUT_FP8_SPEC,
+    FinalLayoutFP8Policy,
+    FinalLayoutFP8Producer,
+    FinalLayoutFP8Restorer,
+    FP8Linear,
 )
 from .identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity
 from .loader import (
@@ -40,12 +48,18 @@ __all__ = [
     "BackgroundPublication",
     "FINAL_LAYOUT_BF16_POLICY",
     "FINAL_LAYOUT_BF16_SPEC",
+    "FINAL_LAYOUT_FP8_POLICY",
+    "FINAL_LAYOUT_FP8_SPEC",
     "FIRST_CLASS_CONTRACTS",
     "ComponentLoadPath",
     "FinalLayoutArtifactSpec",
     "FinalLayoutBF16CheckpointProducer",
     "FinalLayoutBF16Policy",
     "FinalLayoutBF16Producer",
+    "FP8Linear",
+    "FinalLayoutFP8Policy",
+    "FinalLayoutFP8Producer",
+    "FinalLayoutFP8Restorer",
     "FinalLayoutIdentityContext",
     "FinalLayoutLoaderIdentity",
     "FinalLayoutModelContract",
@@ -69,6 +83,7 @@ __all__ = [
     "contract_for_model",
     "contracts",
     "discover_tensor_ownership",
+    "fp8",
     "identity_adapter",
     "implementation_abi_fingerprint",
     "load_component",

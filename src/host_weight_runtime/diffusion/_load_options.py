@@ -64,6 +64,8 @@ LOAD_ARGUMENTS: tuple[str, ...] = (
     "parallel",
     "stream_on_miss",
     "publish_in_background",
+    "process_group",
+    "representation",
     *_DEFAULT_ONLY,
     *_NETWORK_ONLY,
 )

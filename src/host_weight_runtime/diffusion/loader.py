@@ -55,7 +55,15 @@ from .contracts import (
     FinalLayoutLoaderIdentity,
     FinalLayoutParallelIdentity,
     FinalLayoutRequest,
+    FinalLayoutTensorPolicy,
     ImplementationIdentity,
+)
+from .fp8 import (
+    FINAL_LAYOUT_FP8_POLICY,
+    FinalLayoutFP8Producer,
+    FinalLayoutFP8Restorer,
+    fp8_linear_names,
+    quantize_to_fp8,
 )
 from .identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity
 from .models import contract_for_model, is_diffusers_model
@@ -563,14 +571,50 @@ def _prepare_skeleton(
     return _Skeleton(source, model_class, component_name, skeleton, holder, request, options)
 
 
-def _identify(prepared: _Skeleton, runtime: HostWeightRuntime) -> _Prepared:
+REPRESENTATIONS = ("bf16", "fp8")
+"""What `load_component(representation=...)` accepts; "bf16" is the default."""
+
+
+def check_representation(
+    representation: object, *, stream_on_miss: bool | None = None, publish_in_background: bool = False
+) -> bool:
+    """True for "fp8"; a value or combination the FP8 representation cannot serve is a HostWeightUsageError."""
+    if representation not in REPRESENTATIONS:
+        raise usage_error(
+            f"representation must be one of {list(REPRESENTATIONS)}, got {representation!r}", argument="representation"
+        )
+    if representation == "bf16":
+        return False
+    refusals = ((stream_on_miss is True, "stream_on_miss"), (publish_in_background, "publish_in_background"))
+    for refused, argument in refusals:
+        if refused:
+            raise usage_error(
+                f"representation='fp8' is published after a canonical load only; drop {argument}=True "
+                "(streaming an FP8 artifact from the checkpoint is not supported yet)",
+                argument=argument,
+            )
+    return True
+
+
+def quantize_model_fp8(model: torch.nn.Module, scales: Mapping[str, torch.Tensor] | None = None) -> None:
+    """Swap the model's quantized Linears for `FP8Linear` (on `meta`: shapes only), as the FP8 contract says."""
+    try:
+        keep = contract_for_model(model).keep_in_fp32_modules
+    except HostWeightError:
+        keep = tuple(getattr(type(model), "_keep_in_fp32_modules", None) or ())
+    quantize_to_fp8(model, fp8_linear_names(model, keep), scales)
+
+
+def _identify(
+    prepared: _Skeleton, runtime: HostWeightRuntime, policy: FinalLayoutTensorPolicy = FINAL_LAYOUT_BF16_POLICY
+) -> _Prepared:
     """Hash the sources (once per node, through the digest cache) and build the identity on the skeleton."""
     context = build_final_layout_identity(
         prepared.holder,
         dit_modules=[(prepared.component_name, prepared.skeleton)],
         prepared_sources=[prepared.source],
         request=prepared.request,
-        policy=FINAL_LAYOUT_BF16_POLICY,
+        policy=policy,
         source_digest_cache=_digest_cache(runtime),
     )
     return _Prepared(
@@ -635,6 +679,7 @@ def load_component(
     stream_on_miss: bool | None = None,
     publish_in_background: bool = False,
     process_group: Any = None,
+    representation: str = "bf16",
     **from_pretrained_kwargs: Any,
 ) -> LoadedComponent:
     """Load a diffusers model component through the node's host weight artifact.
@@ -668,9 +713,16 @@ def load_component(
     With `parallel.tensor_parallel_size > 1` (torch.distributed initialized) this rank loads its
     own artifact and returns a parallelized model; `process_group=` makes the group's ranks
     resolve together (GROUP_COHORT, see `diffusion/parallel/loader.py`).
+
+    `representation="fp8"` serves float8_e4m3fn Linear weights with one FP32 scale per tensor
+    (`FP8Linear` modules that dequantize in forward; see `diffusion/fp8.py`), under a key of
+    its own; its artifact is published after a canonical load (no streaming, no background).
     """
     del token  # accepted so that a pasted call runs; nothing is downloaded, so it is never used, kept or logged
     clock = _ImportClock()
+    fp8 = check_representation(
+        representation, stream_on_miss=stream_on_miss, publish_in_background=publish_in_background
+    )
     if isinstance(parallel, FinalLayoutParallelIdentity) and parallel.tensor_parallel_size > 1:
         if variant is not None or from_pretrained_kwargs:
             unsupported = "variant" if variant is not None else sorted(from_pretrained_kwargs)[0]
@@ -689,6 +741,7 @@ def load_component(
             cache_dir=Path(cache_dir) if cache_dir is not None else None,
             stream_on_miss=stream_on_miss,
             process_group=process_group,
+            representation=representation,
         )
         return loaded
     started = time.monotonic()
@@ -730,12 +783,14 @@ def load_component(
     def canonical_only(report: ResolutionReport, **reports: Any) -> LoadedComponent:
         source = _source(model_or_path, subfolder=subfolder, revision=revision, cache_dir=cache_path, options=options)
         model = _canonical(_model_class(source.resolved_root, clock), source, name_or_path, options)
+        if fp8:
+            quantize_model_fp8(model)
         return finish(model, ComponentLoadPath.CANONICAL, report, **reports)
 
     if mode is RuntimeMode.DISABLED:
         return canonical_only(_report_without_lookup(mode, ResolutionOutcome.CANONICAL_DIRECT))
 
-    stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
+    stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED and not fp8
     background = publish_in_background and mode is RuntimeMode.PREFERRED and not stream
     identify_started = time.monotonic()
     try:
@@ -761,7 +816,9 @@ def load_component(
                 _report_without_lookup(mode, ResolutionOutcome.CANONICAL_FALLBACK, skipped),
                 background_publication=BackgroundPublication(lambda: _build_artifact(skeleton, runtime, None)),
             )
-        prepared = _identify(skeleton, runtime)
+        if fp8:
+            quantize_model_fp8(skeleton.skeleton)
+        prepared = _identify(skeleton, runtime, FINAL_LAYOUT_FP8_POLICY if fp8 else FINAL_LAYOUT_BF16_POLICY)
     except HostWeightError as exc:
         if isinstance(exc, HostWeightUsageError) or mode is RuntimeMode.REQUIRED:
             raise
@@ -790,7 +847,8 @@ def load_component(
         lease = resolution.lease
         restore_started = time.monotonic()
         try:
-            FinalLayoutTensorRestorer(context)._plan_on_identity_skeleton(prepared.holder, lease).commit()
+            restorer = FinalLayoutFP8Restorer(context) if fp8 else FinalLayoutTensorRestorer(context)
+            restorer._plan_on_identity_skeleton(prepared.holder, lease).commit()
         except HostWeightError as exc:
             record_restore(time.monotonic() - restore_started, ok=False)
             lease.close()
@@ -810,13 +868,16 @@ def load_component(
         raise HostWeightError(report.failure)
 
     model = _canonical(prepared.model_class, prepared.source, name_or_path, options)
+    if fp8:
+        quantize_model_fp8(model)
     publication: PostLoadPublicationReport | None = None
     in_background: BackgroundPublication | None = None
     if restore_failure is None and resolution.outcome is ResolutionOutcome.CANONICAL_FALLBACK:
         if background and prepared.source.use_safetensors:
             in_background = BackgroundPublication(lambda: _build_artifact(prepared, runtime, None))
         else:
-            producer_after = FinalLayoutBF16Producer(context, [(prepared.component_name, model)])
+            producer_class = FinalLayoutFP8Producer if fp8 else FinalLayoutBF16Producer
+            producer_after = producer_class(context, [(prepared.component_name, model)])
             publication = runtime.publish_after_load(context.identity, producer_after)
     return finish(
         model,

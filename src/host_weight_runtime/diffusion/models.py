@@ -48,8 +48,13 @@ def _require_ready(model: torch.nn.Module, keep_in_fp32_modules: tuple[str, ...]
     for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
         if tensor.is_meta:
             raise ModelNotReadyError(f"{name} is still on the meta device; the model was not fully restored")
+    quantized = {  # FP8 representation: an FP8Linear's weight is float8_e4m3fn next to its FP32 weight_scale
+        f"{name}.weight"
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "weight_scale", None), torch.Tensor)
+    }
     for name, parameter in model.named_parameters(remove_duplicate=False):
-        if not parameter.dtype.is_floating_point:
+        if not parameter.dtype.is_floating_point or (name in quantized and parameter.dtype == torch.float8_e4m3fn):
             continue
         expected = torch.float32 if keeps_fp32(name, keep_in_fp32_modules) else torch.bfloat16
         if parameter.dtype != expected:

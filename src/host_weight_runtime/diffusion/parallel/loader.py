@@ -58,9 +58,15 @@ def load_tensor_parallel_component(
     cache_dir: Path | None = None,
     stream_on_miss: bool | None = None,
     process_group: Any = None,
+    representation: str = "bf16",
 ) -> Any:
-    """One rank's parallelized component; see the module docstring for the group decision."""
+    """One rank's parallelized component; see the module docstring for the group decision.
+
+    With `representation="fp8"` every rank serves FP8Linear shards quantized with the full
+    tensor's scale; FP8 artifacts are published after a canonical load (no bundle build).
+    """
     from .._load_options import LoadOptions
+    from ..fp8 import FINAL_LAYOUT_FP8_POLICY, FinalLayoutFP8Producer, FinalLayoutFP8Restorer
     from ..loader import (
         ComponentLoadPath,
         LoadedComponent,
@@ -68,7 +74,11 @@ def load_tensor_parallel_component(
         _canonical,
         _digest_cache,
         _prepare_skeleton,
+        check_representation,
+        quantize_model_fp8,
     )
+
+    fp8 = check_representation(representation, stream_on_miss=stream_on_miss)
 
     started = time.monotonic()
     size, rank = parallel.tensor_parallel_size, parallel.tensor_parallel_rank
@@ -79,7 +89,7 @@ def load_tensor_parallel_component(
     cohort = TorchCohort(process_group, timeout_s=runtime.config.lock_timeout_s) if process_group is not None else None
     if cohort is not None and cohort.rank != rank:
         raise ValueError(f"tensor_parallel_rank {rank} is rank {cohort.rank} of the process group; they must match")
-    stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
+    stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED and not fp8
     skeleton = _prepare_skeleton(
         model_or_path,
         subfolder=subfolder,
@@ -88,23 +98,27 @@ def load_tensor_parallel_component(
         cache_dir=cache_dir,
         options=LoadOptions(),
     )
+    plan = plan_for_model(skeleton.skeleton)  # on the plain skeleton: a registered plan keys on its class
+    if fp8:
+        quantize_model_fp8(skeleton.skeleton)
     contexts = identify_ranks(
         skeleton.holder,
         dit_name=skeleton.component_name,
         skeleton=skeleton.skeleton,
         prepared_sources=[skeleton.source],
         request=skeleton.request,
-        policy=FINAL_LAYOUT_BF16_POLICY,
+        policy=FINAL_LAYOUT_FP8_POLICY if fp8 else FINAL_LAYOUT_BF16_POLICY,
         ranks=list(range(size)),
         source_digest_cache=_digest_cache(runtime),
+        plan=plan,
     )
     context = contexts[rank]
-    plan = plan_for_model(skeleton.skeleton)
     lookup_runtime = HostWeightRuntime(replace(runtime.config, mode=RuntimeMode.PREFERRED))
     build_runtime = HostWeightRuntime(replace(runtime.config, mode=RuntimeMode.REQUIRED, allow_local_build=True))
 
     def restore(lease: HostWeightLease) -> Any:
-        FinalLayoutTensorRestorer(context)._plan_on_identity_skeleton(skeleton.holder, lease).commit()
+        restorer = FinalLayoutFP8Restorer(context) if fp8 else FinalLayoutTensorRestorer(context)
+        restorer._plan_on_identity_skeleton(skeleton.holder, lease).commit()
         model = skeleton.skeleton
         _anchor(model, lease)
         parallelize_localized(model, plan, mesh)
@@ -120,10 +134,13 @@ def load_tensor_parallel_component(
 
     def canonical(publish: bool) -> Any:
         model = _canonical(skeleton.model_class, skeleton.source, str(model_or_path), LoadOptions())
+        if fp8:  # quantized whole (one scale per full tensor), then cut: each shard is a slice of the TP=1 bytes
+            quantize_model_fp8(model)
         localize_module(model, resolve_tensor_shards(model, plan, size, rank))
         publication = None
         if publish:
-            producer = FinalLayoutBF16Producer(context, [(skeleton.component_name, model)])
+            producer_class = FinalLayoutFP8Producer if fp8 else FinalLayoutBF16Producer
+            producer = producer_class(context, [(skeleton.component_name, model)])
             publication = runtime.publish_after_load(context.identity, producer)
         parallelize_localized(model, plan, mesh)
         return LoadedComponent(
