@@ -20,7 +20,8 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from host_weight_runtime.canonical_json import CanonicalJson, decode_json, encode_canonical
-from host_weight_runtime.diffusion.source_identity import DIGEST_ENTRY_SCHEMA, FileState, NodeSourceDigestCache
+from host_weight_runtime.diffusion._digest_cache import DIGEST_ENTRY_SCHEMA
+from host_weight_runtime.diffusion.source_identity import FileState, NodeSourceDigestCache
 
 from ._hostile import fuzz_settings
 

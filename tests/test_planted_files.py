@@ -155,12 +155,6 @@ def test_planted_artifact_directory_is_refused_unfollowed(
     assert quarantined.is_symlink() == (kind == "symlink_to_copy")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store.py _move_to_quarantine calls os.chmod(path, 0o700), which follows a planted symlink at "
-    "artifacts/<key> and changes the target directory's mode; fix: os.chmod(..., follow_symlinks=False) or skip "
-    "the chmod for a symlink (store.py, not in scope)",
-)
 def test_quarantining_a_symlinked_artifact_directory_leaves_the_target_mode(
     store: FilesystemHostWeightStore, tmp_path: Path
 ) -> None:
@@ -241,11 +235,6 @@ def test_planted_symlinks_in_tmp_deny_and_quarantine_are_never_followed(
     assert stat.S_IMODE(victim_dir.stat().st_mode) == 0o750
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store.py cleanup chmods artifacts/<key> with os.chmod, which follows a planted symlink and changes "
-    "the target directory's mode; fix: os.chmod(..., follow_symlinks=False) or lstat first (store.py, not in scope)",
-)
 def test_cleanup_of_a_symlinked_artifact_directory_leaves_the_target_alone(
     store: FilesystemHostWeightStore, tmp_path: Path
 ) -> None:
@@ -387,19 +376,14 @@ def test_planted_domain_files_are_refused(tmp_path: Path, name: str, kind: str) 
     assert caught.value.code in {FailureCode.UNSAFE_PERMISSIONS, FailureCode.DOMAIN_INVALID}, caught.value
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OSError,
-    reason="store.py cleanup calls try_lock without catching OSError, so a planted lock file (here a symlink, "
-    "refused as UnsafeLockFileError) escapes `cleanup` as a raw exception; fix: map it to a FAILED CleanupResult "
-    "with UNSAFE_PERMISSIONS (store.py, not in scope)",
-)
 def test_cleanup_with_a_planted_lock_file_is_a_typed_failure(store: FilesystemHostWeightStore, tmp_path: Path) -> None:
     """S12: `cleanup` of a key whose build lock is a planted symlink reports a typed failure and removes nothing."""
     directory = publish(store)
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b"precious")
-    store.layout.build_lock(make_identity().key).symlink_to(victim)
+    lock_path = store.layout.build_lock(make_identity().key)
+    lock_path.unlink(missing_ok=True)  # the co-tenant replaces the store's lock file with a link
+    lock_path.symlink_to(victim)
     result = store.cleanup(make_identity().key)
     assert result.status is CleanupStatus.FAILED and result.failure is not None
     assert result.failure.code is FailureCode.UNSAFE_PERMISSIONS

@@ -26,7 +26,7 @@ from ._usage import LockTable, inode_id, last_used_ns
 from .capacity import CapacityGuard
 from .domain import DomainInfo
 from .inspection import ArtifactInspection, ArtifactState, DomainInspection, DomainUsage, LockActivity
-from .locks import lock_in_use, try_lock
+from .locks import UnsafeLockFileError, lock_in_use, try_lock
 from .reader import ArtifactReadError, InvalidArtifactError, open_artifact
 
 __all__ = ["DomainMaintenance"]
@@ -59,6 +59,17 @@ class DomainMaintenance:
         With `dry_run` nothing is removed and the result (status PLANNED) lists what would be.
         """
         check_key(key)
+        try:
+            return self._cleanup_unlocked(key, dry_run=dry_run)
+        except UnsafeLockFileError as exc:
+            return CleanupResult(
+                key,
+                CleanupStatus.FAILED,
+                failure=failure(ResolutionStage.CLEANUP, FailureCode.UNSAFE_PERMISSIONS, str(exc), retryable=False),
+            )
+
+    def _cleanup_unlocked(self, key: str, *, dry_run: bool) -> CleanupResult:
+        """Cleanup under the key's build and artifact locks, each taken without waiting."""
         build_lock = try_lock(self._layout.build_lock(key), exclusive=True)
         if build_lock is None:
             return CleanupResult(
@@ -104,7 +115,9 @@ class DomainMaintenance:
         ]
         if not targets:
             return CleanupResult(key, CleanupStatus.NOT_PRESENT)
-        size = sum(tree_bytes(path) if path.is_dir() else path.lstat().st_size for path in targets)
+        size = sum(
+            tree_bytes(path) if path.is_dir() and not path.is_symlink() else path.lstat().st_size for path in targets
+        )
         if dry_run:
             return CleanupResult(key, CleanupStatus.PLANNED, size, tuple(str(path) for path in targets), dry_run=True)
         try:
@@ -112,7 +125,8 @@ class DomainMaintenance:
             if os.path.lexists(artifact_dir):
                 # Disappear atomically first, then delete at leisure.
                 doomed = self._layout.tmp / f"{key}.removing.{uuid.uuid4().hex[:12]}"
-                os.chmod(artifact_dir, PRIVATE_DIR_MODE)
+                if not artifact_dir.is_symlink():  # a planted link goes as it is; its target is never touched
+                    os.chmod(artifact_dir, PRIVATE_DIR_MODE)
                 os.rename(artifact_dir, doomed)
                 fsync_dir(self._layout.artifacts)
                 remove_tree(doomed)

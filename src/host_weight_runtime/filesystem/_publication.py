@@ -73,7 +73,8 @@ def discard(staging: Path) -> None:
 def move_to_quarantine(layout: DomainLayout, path: Path, key: str) -> Path:
     """Move a directory of `key` (staging or published) to quarantine/, durably; returns where it went."""
     destination = layout.new_quarantine_dir(key)
-    os.chmod(path, PRIVATE_DIR_MODE)
+    if not path.is_symlink():  # a planted link is moved as it is: never change what it points at
+        os.chmod(path, PRIVATE_DIR_MODE)
     os.rename(path, destination)
     fsync_dir(layout.quarantine)
     fsync_dir(path.parent)
