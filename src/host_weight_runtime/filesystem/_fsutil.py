@@ -39,6 +39,14 @@ _RETRYABLE_CODES: dict[int, FailureCode] = {
 }
 
 
+def list_names(path: Path) -> list[str]:
+    """The names in a directory, or none when it does not exist (yet)."""
+    try:
+        return os.listdir(path)
+    except FileNotFoundError:
+        return []
+
+
 def fsync_dir(path: Path) -> None:
     """Make the directory entries of `path` durable (new names, renames, removals)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -47,6 +47,15 @@ STORE_DIRS = (LOCKS_DIR, ARTIFACTS_DIR, TMP_DIR, QUARANTINE_DIR, DENY_DIR)
 _KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 
 
+def is_key(name: str) -> bool:
+    """Whether a directory entry's name is an artifact key (so a planted stranger is skipped)."""
+    try:
+        check_key(name)
+    except ValueError:
+        return False
+    return True
+
+
 def check_key(key: str) -> str:
     """Accept only identity keys (64 lowercase hex characters), so a key is always a safe name."""
     if not isinstance(key, str) or not _KEY_PATTERN.match(key):

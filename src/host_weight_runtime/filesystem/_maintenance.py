@@ -9,7 +9,6 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 from ..canonical_json import JsonValue
 from ..failures import FailureCode, HostWeightError, ResolutionStage, failure
@@ -18,8 +17,8 @@ from ..manifest import WeightManifest
 from ..outcomes import CleanupResult, CleanupStatus
 from ..tensors import ValidationLevel
 from ._deny import DenyMarkers
-from ._fsutil import failure_from_os_error, fsync_dir, remove_tree, tree_bytes
-from ._layout import EVICTING_PREFIX, DomainLayout, check_key
+from ._fsutil import failure_from_os_error, fsync_dir, list_names, remove_tree, tree_bytes
+from ._layout import EVICTING_PREFIX, DomainLayout, check_key, is_key
 from ._lookup import artifact_lock
 from ._publication import PRIVATE_DIR_MODE
 from ._usage import LockTable, inode_id, last_used_ns
@@ -245,7 +244,7 @@ class DomainMaintenance:
         """Inventory of ready, denied, quarantined and temporary artifacts, with capacity."""
         entries: list[ArtifactInspection] = []
         lock_table = LockTable.read()
-        for name in sorted(_list(self._layout.artifacts)):
+        for name in sorted(list_names(self._layout.artifacts)):
             try:
                 entries.append(self.inspect_artifact(name, deadline=time.monotonic() + 5.0, lock_table=lock_table))
             except ValueError:
@@ -254,9 +253,9 @@ class DomainMaintenance:
                         name, ArtifactState.INVALID, str(self._layout.artifacts / name), 0, LockActivity(False, False)
                     )
                 )
-        for name in sorted(_list(self._layout.deny)):
+        for name in sorted(list_names(self._layout.deny)):
             key = name.removesuffix(".json")
-            if not name.endswith(".json") or not _is_key(key):
+            if not name.endswith(".json") or not is_key(key):
                 continue  # a crashed atomic write's temporary, not a marker
             if not os.path.lexists(self._layout.artifacts / key):
                 entries.append(
@@ -264,7 +263,7 @@ class DomainMaintenance:
                         key, ArtifactState.DENIED, str(self._layout.deny / name), 0, LockActivity(False, False)
                     )
                 )
-        for name in sorted(_list(self._layout.quarantine)):
+        for name in sorted(list_names(self._layout.quarantine)):
             path = self._layout.quarantine / name
             entries.append(
                 ArtifactInspection(
@@ -275,7 +274,7 @@ class DomainMaintenance:
                     LockActivity(False, False),
                 )
             )
-        for name in sorted(_list(self._layout.tmp)):
+        for name in sorted(list_names(self._layout.tmp)):
             path = self._layout.tmp / name
             if name.startswith(EVICTING_PREFIX):
                 entries.append(
@@ -297,7 +296,7 @@ class DomainMaintenance:
                     ArtifactState.TEMPORARY,
                     str(path),
                     tree_bytes(path),
-                    self._lock_activity(key) if _is_key(key) else LockActivity(False, False),
+                    self._lock_activity(key) if is_key(key) else LockActivity(False, False),
                 )
             )
         return DomainInspection(
@@ -317,8 +316,8 @@ class DomainMaintenance:
         """A cheap summary: counts from one directory listing and one read of the kernel's lock table."""
         lock_table = LockTable.read()
         artifacts = leased = leases = 0
-        for name in _list(self._layout.artifacts):
-            if not _is_key(name):
+        for name in list_names(self._layout.artifacts):
+            if not is_key(name):
                 continue
             artifacts += 1
             holders = lock_table.holders.get(inode_id(self._layout.artifact_lock(name)), 0)
@@ -336,21 +335,6 @@ class DomainMaintenance:
             max_store_bytes=snapshot.policy.max_store_bytes,
             min_free_bytes=snapshot.policy.min_free_bytes,
         )
-
-
-def _list(path: Path) -> list[str]:
-    try:
-        return os.listdir(path)
-    except FileNotFoundError:
-        return []
-
-
-def _is_key(name: str) -> bool:
-    try:
-        check_key(name)
-    except ValueError:
-        return False
-    return True
 
 
 def _display_model_id(manifest: WeightManifest) -> str:

@@ -24,8 +24,8 @@ from pathlib import Path
 from ..canonical_json import JsonValue
 from ..failures import HostWeightError, HostWeightFailure, ResolutionStage
 from ._eviction import Evictor
-from ._fsutil import failure_from_os_error, fsync_dir, remove_tree, tree_bytes
-from ._layout import EVICTING_PREFIX, DomainLayout, check_key
+from ._fsutil import failure_from_os_error, fsync_dir, list_names, remove_tree, tree_bytes
+from ._layout import EVICTING_PREFIX, DomainLayout, is_key
 from ._usage import LockTable
 from .capacity import CapacityGuard
 from .locks import FileLock, acquire_lock, lock_in_use, try_lock
@@ -234,19 +234,19 @@ class GarbageCollector:
         )
 
     def _plan_leftovers(self, items: list[GcItem], kept: list[GcKept]) -> None:
-        for name in sorted(_list(self._layout.tmp)):
+        for name in sorted(list_names(self._layout.tmp)):
             path = self._layout.tmp / name
             if name.startswith(EVICTING_PREFIX):
                 key, reason = name[len(EVICTING_PREFIX) :].split(".", 1)[0], GcReason.INTERRUPTED_REMOVAL
             elif _REMOVING_MARKER in name:
                 key, reason = name.split(".", 1)[0], GcReason.INTERRUPTED_REMOVAL
-                if _is_key(key) and lock_in_use(self._layout.build_lock(key)):
+                if is_key(key) and lock_in_use(self._layout.build_lock(key)):
                     kept.append(GcKept(key, str(path), _size(path), GcKeepReason.ACTIVE_BUILD))
                     continue
             else:
                 key, _, rest = name.partition(".")
                 pid_text = rest.split(".", 1)[0]
-                if not _is_key(key) or not pid_text.isdigit():
+                if not is_key(key) or not pid_text.isdigit():
                     continue  # not ours: leave it alone
                 if _alive(int(pid_text)) or lock_in_use(self._layout.build_lock(key)):
                     kept.append(GcKept(key, str(path), _size(path), GcKeepReason.ACTIVE_BUILD))
@@ -255,7 +255,7 @@ class GarbageCollector:
             items.append(GcItem(GcItemKind.LEFTOVER, reason, key, str(path), _size(path)))
 
     def _plan_quarantine(self, items: list[GcItem], now_ns: int, retention_s: float) -> None:
-        for name in sorted(_list(self._layout.quarantine)):
+        for name in sorted(list_names(self._layout.quarantine)):
             path = self._layout.quarantine / name
             moved_ns = _quarantined_at_ns(name, path)
             if moved_ns is None or now_ns - moved_ns < retention_s * 1e9:
@@ -265,9 +265,9 @@ class GarbageCollector:
             )
 
     def _plan_deny_markers(self, items: list[GcItem]) -> None:
-        for name in sorted(_list(self._layout.deny)):
+        for name in sorted(list_names(self._layout.deny)):
             key = name.removesuffix(".json")
-            if not name.endswith(".json") or not _is_key(key):
+            if not name.endswith(".json") or not is_key(key):
                 continue
             if os.path.lexists(self._layout.artifact_dir(key)):
                 continue
@@ -372,7 +372,7 @@ class GarbageCollector:
         if item.reason is GcReason.INTERRUPTED_REMOVAL and os.path.basename(item.path).startswith(EVICTING_PREFIX):
             return self._remove_path(item)  # evictors hold the capacity lock, which we hold
         build_lock: FileLock | None = None
-        if _is_key(item.key):
+        if is_key(item.key):
             build_lock = try_lock(self._layout.build_lock(item.key), exclusive=True)
             if build_lock is None:
                 return GcItemResult(item, GcItemStatus.ACTIVE_BUILD)
@@ -399,21 +399,6 @@ def _size(path: Path) -> int:
     except FileNotFoundError:
         return 0
     return tree_bytes(path) if stat.S_ISDIR(info.st_mode) else info.st_size
-
-
-def _list(path: Path) -> list[str]:
-    try:
-        return os.listdir(path)
-    except FileNotFoundError:
-        return []
-
-
-def _is_key(name: str) -> bool:
-    try:
-        check_key(name)
-    except ValueError:
-        return False
-    return True
 
 
 def _alive(pid: int) -> bool:
