@@ -15,6 +15,7 @@ import shutil
 import stat
 from pathlib import Path
 
+from .._faults import fault_point
 from ..canonical_json import JsonValue
 from ..failures import FailureCode, HostWeightFailure, ResolutionStage, failure
 
@@ -56,8 +57,11 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_new_file(path: Path, data: bytes, *, mode: int = 0o600) -> None:
-    """Create `path` (it must not exist, and is never a symlink), write all of `data`, fsync it."""
+def write_new_file(path: Path, data: bytes, *, mode: int = 0o600, seam: str | None = None) -> None:
+    """Create `path` (it must not exist, and is never a symlink), write all of `data`, fsync it.
+
+    `seam` names a fault point between the write and the fsync (a write that fails half done).
+    """
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     try:
         os.fchmod(fd, mode)  # the umask must not change what the caller asked for
@@ -65,6 +69,8 @@ def write_new_file(path: Path, data: bytes, *, mode: int = 0o600) -> None:
         while view:
             written = os.write(fd, view)
             view = view[written:]
+        if seam is not None:
+            fault_point(seam)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from .._digest import chunk_digest, combine_chunk_digests, file_digest, tree_digest, tree_digests_parallel
+from .._faults import fault_point
 from ._safetensors_layout import FileLayout, Placement
 from ._write_failures import os_failed
 
@@ -18,6 +19,7 @@ __all__ = ["PayloadHasher", "hash_file_range"]
 
 def hash_file_range(fd: int, offset: int, length: int) -> bytes:
     """The chunk digest of `length` bytes at `offset` of a written file, through a mapping of just those bytes."""
+    fault_point("writer.hash")
     if length == 0:
         return chunk_digest(memoryview(b""))
     aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
@@ -105,6 +107,7 @@ class PayloadHasher:
         """Hash every tensor from the file itself, chunks spread over the hash threads."""
         header_size = len(self._layout.header)
         try:
+            fault_point("writer.hash")
             mapping = mmap.mmap(self._fd, self._layout.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         except OSError as exc:
             raise os_failed(exc, f"mapping {self._name} to hash it", file=self._name) from exc

@@ -44,7 +44,7 @@ def seal(staging: Path, manifest: WeightManifest) -> PublicationMarker:
     """Write manifest then READY (last), harden permissions and fsync everything."""
     fault_point("publication.before_manifest")
     manifest_bytes = manifest.to_bytes()
-    write_new_file(staging / MANIFEST_FILE_NAME, manifest_bytes)
+    write_new_file(staging / MANIFEST_FILE_NAME, manifest_bytes, seam="publication.write_manifest")
     fault_point("publication.after_manifest")
     marker = PublicationMarker(
         identity_key=manifest.identity_key,
@@ -53,11 +53,12 @@ def seal(staging: Path, manifest: WeightManifest) -> PublicationMarker:
         content_digest=manifest.content_digest,
         published_at_ns=time.time_ns(),
     )
-    write_new_file(staging / READY_FILE_NAME, marker.to_bytes())
+    write_new_file(staging / READY_FILE_NAME, marker.to_bytes(), seam="publication.write_ready")
     fault_point("publication.after_ready")
     for name in os.listdir(staging):
         os.chmod(staging / name, _SEALED_FILE_MODE)
     os.chmod(staging, _SEALED_DIR_MODE)
+    fault_point("publication.fsync_sealed")
     fsync_dir(staging)
     fault_point("publication.after_harden")
     return marker
@@ -132,9 +133,13 @@ class Publisher:
                         )
                     ) from exc
                 raise
-            fault_point("publication.after_rename")
-            fsync_dir(self._layout.artifacts)
-            fault_point("publication.after_commit")
+            try:
+                fault_point("publication.after_rename")
+                fsync_dir(self._layout.artifacts)
+                fault_point("publication.after_commit")
+            except OSError:
+                self._withdraw(target, key)
+                raise
             lock.downgrade()
             validated = open_artifact(
                 target,
@@ -159,6 +164,19 @@ class Publisher:
         finally:
             if not handed_over:
                 lock.release()
+
+    def _withdraw(self, target: Path, key: str) -> None:
+        """Take back a just-renamed artifact whose commit failed, so a failed build leaves nothing in artifacts/.
+
+        The exclusive artifact lock is still held, so nobody leased it. Best effort: if this fails
+        too, the complete, sealed copy stays where it is and every lookup validates it as usual.
+        """
+        with contextlib.suppress(OSError):
+            aside = self._layout.new_staging_dir(key)
+            os.chmod(target, PRIVATE_DIR_MODE)  # moving a directory to another parent needs write access to it
+            os.rename(target, aside)
+            discard(aside)
+            fsync_dir(self._layout.artifacts)
 
     def _resolve_collision(
         self,

@@ -64,6 +64,7 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         if written <= 0:
             raise OSError(errno.EIO, "pwrite wrote no bytes")
         done += written
+        fault_point("writer.after_pwrite")  # part of the payload is on disk: the mid-write ENOSPC/EIO seam
 
 
 def create_tensor_file(
@@ -293,7 +294,10 @@ class StagingTensorFileWriter:
                     os.fsync(self._fd)
                 except OSError as exc:
                     raise os_failed(exc, f"fsyncing {self._name}", file=self._name) from exc
-                self._result = self._written_file()
+                try:
+                    self._result = self._written_file()
+                except OSError as exc:  # reading the written bytes back to hash them
+                    raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
             finally:
                 self._hasher.drain()
                 self._release_fd()

@@ -244,7 +244,7 @@ class StagingArtifactWriter:
                     raise producer_failed(f"{file_writer.name} is incomplete", file=file_writer.name)
                 results.append(file_writer.result)
             try:
-                fault_point("writer.fsync")
+                fault_point("writer.fsync_staging")
                 fd = os.open(self._staging_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                 try:
                     os.fsync(fd)
