@@ -28,7 +28,10 @@ def _read_index(index: Path) -> list[str]:
         data = stream.read(_INDEX_LIMIT_BYTES + 1)
     if len(data) > _INDEX_LIMIT_BYTES:
         raise ValueError(f"{index} is larger than {_INDEX_LIMIT_BYTES} bytes")
-    value = decode_json(data)
+    try:
+        value = decode_json(data)
+    except ValueError as exc:
+        raise ValueError(f"{index} is not a valid weight index: {exc}; re-download it") from None
     weight_map = value.get("weight_map") if isinstance(value, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise ValueError(f"{index} has no non-empty 'weight_map' object")

@@ -27,7 +27,7 @@ from typing import Any, cast
 import torch
 
 from .._exit_wait import wait_at_exit
-from ..canonical_json import encode_canonical
+from ..canonical_json import decode_json, encode_canonical
 from ..config import RuntimeMode
 from ..failures import (
     FailureCode,
@@ -36,6 +36,7 @@ from ..failures import (
     HostWeightUsageError,
     ResolutionStage,
     failure,
+    raise_failure,
     usage_error,
 )
 from ..lease import HostWeightLease
@@ -67,6 +68,7 @@ from .fp8 import (
 )
 from .identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity
 from .models import contract_for_model, is_diffusers_model
+from .producers._checkpoint import CheckpointFormatError, read_safetensors_header
 from .producers._shards import ProgressCallback
 from .producers.checkpoint_stream import FinalLayoutBF16CheckpointProducer
 from .producers.finalized import FinalLayoutBF16Producer
@@ -94,6 +96,10 @@ _LOADER_VERSION = "1"
 _DEFAULT_COMPONENT = "transformer"
 _default_dtype_guard = threading.Lock()
 _announced_roots: set[str] = set()
+_CONFIG_LIMIT_BYTES = 16 * 2**20
+_MAX_LISTED = 5
+# What diffusers raises, deep inside from_config or from_pretrained, about a config or checkpoint it cannot use.
+_BROKEN_CONFIG_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RuntimeError, RecursionError)
 
 
 class ComponentLoadPath(str, enum.Enum):
@@ -415,17 +421,28 @@ def _component_name(subfolder: str | None) -> str:
 def _model_class(resolved_root: Path, clock: _ImportClock | None = None) -> type[Any]:
     """The diffusers class named by the folder's config.json `_class_name`, as diffusers resolves it.
 
+    The config is read bounded (size and nesting) before diffusers sees it, so a hostile or broken
+    config.json is a HostWeightUsageError, never a RecursionError or AttributeError from a parser.
     diffusers imports the class's module on first use; `clock` counts that as import time.
     """
     config_path = resolved_root / "config.json"
     try:
-        class_name = json.loads(config_path.read_text(encoding="utf-8")).get("_class_name")
+        with open(config_path, "rb") as stream:  # a hub snapshot's config.json is a link to its blob: follow it
+            config = decode_json(stream.read(_CONFIG_LIMIT_BYTES + 1), max_bytes=_CONFIG_LIMIT_BYTES)
     except (OSError, ValueError) as exc:
         raise usage_error(
-            f"cannot read {config_path}: {exc}; point load_component at a diffusers model folder"
+            f"cannot read {config_path}: {exc}; point load_component at a diffusers model folder "
+            "(its config.json must be one JSON object)"
         ) from exc
+    if not isinstance(config, dict):
+        raise usage_error(
+            f"{config_path} holds a JSON {type(config).__name__}, not an object; it is not a diffusers model config"
+        )
+    class_name = config.get("_class_name")
     if not isinstance(class_name, str) or not class_name:
         raise usage_error(f"{config_path} has no _class_name; it is not a diffusers model config")
+    if not class_name.isidentifier():
+        raise usage_error(f"{config_path} names {class_name!r}, which is not a diffusers model class")
     import diffusers
 
     model_class = vars(diffusers).get(class_name)  # diffusers keeps a class here once its module is imported
@@ -496,9 +513,15 @@ def build_skeleton(model_class: type[Any], resolved_root: Path, name_or_path: st
     import accelerate
     from diffusers.models.modeling_utils import no_init_weights
 
-    config = model_class.load_config(str(resolved_root))
-    with _default_dtype(torch.bfloat16), no_init_weights(), accelerate.init_empty_weights():
-        model = model_class.from_config(config)
+    try:
+        config = model_class.load_config(str(resolved_root))
+        with _default_dtype(torch.bfloat16), no_init_weights(), accelerate.init_empty_weights():
+            model = model_class.from_config(config)
+    except _BROKEN_CONFIG_ERRORS as exc:
+        raise usage_error(
+            f"{resolved_root / 'config.json'} does not describe a buildable {model_class.__name__} "
+            f"({type(exc).__name__}: {exc}); fix or re-download the model folder"
+        ) from exc
     model.eval()
     model.register_to_config(_name_or_path=name_or_path)
     if not isinstance(model, torch.nn.Module):
@@ -530,9 +553,13 @@ def _source(
     cache_dir: Path | None,
     options: LoadOptions,
 ) -> PreparedWeightSource:
-    """The checkpoint files diffusers would read; a problem with the folder is a HostWeightUsageError."""
+    """The checkpoint files diffusers would read; a problem with the folder is a HostWeightUsageError.
+
+    Every safetensors file's header is checked here (offsets inside the file, sizes matching shapes), so a
+    truncated or foreign shard is refused up front in every mode, before any hashing, build or load.
+    """
     with _usage_errors():
-        return prepare_weight_source(
+        source = prepare_weight_source(
             model_or_path,
             subfolder=subfolder,
             revision=revision,
@@ -541,6 +568,18 @@ def _source(
             variant=options.variant,
             use_safetensors=options.use_safetensors,
         )
+    if source.use_safetensors:
+        for path in source.weight_files:
+            try:
+                read_safetensors_header(path)
+            except CheckpointFormatError as exc:
+                raise usage_error(
+                    f"{exc}; the checkpoint file is damaged, incomplete or not safetensors: re-download or re-save it",
+                    file=str(path),
+                ) from exc
+            except OSError as exc:
+                raise usage_error(f"cannot read the checkpoint file {path}: {exc}", file=str(path)) from exc
+    return source
 
 
 def _prepare_skeleton(
@@ -638,17 +677,48 @@ def _model_id(model_or_path: str | os.PathLike[str], source: PreparedWeightSourc
 def _canonical(
     model_class: type[Any], source: PreparedWeightSource, name_or_path: str, options: LoadOptions
 ) -> torch.nn.Module:
-    """Exactly what a diffusers user gets: from_pretrained(torch_dtype=torch.bfloat16), from local files only."""
-    model = model_class.from_pretrained(
-        str(source.resolved_root),
-        torch_dtype=torch.bfloat16,
-        use_safetensors=source.use_safetensors,
-        variant=options.variant,
-        disable_mmap=options.disable_mmap,
-    )
+    """Exactly what a diffusers user gets: from_pretrained(torch_dtype=torch.bfloat16), from local files only.
+
+    What diffusers raises about the folder (a checkpoint that does not match config.json, an unreadable
+    file) leaves typed: a HostWeightUsageError, or CANONICAL_SOURCE_FAILED for an OS error.
+    """
+    try:
+        model = model_class.from_pretrained(
+            str(source.resolved_root),
+            torch_dtype=torch.bfloat16,
+            use_safetensors=source.use_safetensors,
+            variant=options.variant,
+            disable_mmap=options.disable_mmap,
+        )
+    except HostWeightError:
+        raise
+    except OSError as exc:
+        raise raise_failure(
+            ResolutionStage.CANONICAL,
+            FailureCode.CANONICAL_SOURCE_FAILED,
+            f"diffusers could not read the checkpoint in {source.resolved_root}: {exc}; check the files "
+            "(re-download a damaged one) and that they are readable",
+            exception=type(exc).__name__,
+        ) from exc
+    except _BROKEN_CONFIG_ERRORS as exc:
+        raise usage_error(
+            f"diffusers could not load {source.resolved_root} ({type(exc).__name__}: {exc}); the checkpoint does "
+            "not match its config.json: fix or re-download the model folder",
+            code=FailureCode.CANONICAL_SOURCE_FAILED,
+        ) from exc
     model.register_to_config(_name_or_path=name_or_path)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"{model_class.__name__}.from_pretrained returned {type(model).__name__}")
+    # diffusers only warns about model tensors the checkpoint lacks and leaves them on `meta`: no usable model.
+    missing = [name for name, tensor in (*model.named_parameters(), *model.named_buffers()) if tensor.is_meta]
+    if missing:
+        raise usage_error(
+            f"the checkpoint in {source.resolved_root} lacks {len(missing)} tensor(s) the model needs, e.g. "
+            f"{missing[:_MAX_LISTED]}; diffusers left them uninitialised, so the weights do not match config.json: "
+            "complete the checkpoint (a missing or partial weight index?) or re-download the model folder",
+            code=FailureCode.CANONICAL_SOURCE_FAILED,
+            missing=len(missing),
+        )
     return model
 
 

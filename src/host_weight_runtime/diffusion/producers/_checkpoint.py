@@ -6,15 +6,16 @@ its resident memory stays at one chunk no matter how large the shards are.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from ...canonical_json import decode_json
 from ...tensors import dtype_from_code
 
 __all__ = ["CheckpointTensor", "read_column_ranges", "read_rows", "read_safetensors_header"]
@@ -57,8 +58,8 @@ def read_safetensors_header(path: Path) -> dict[str, CheckpointTensor]:
             raise CheckpointFormatError(f"{path} declares a {header_len}-byte header; the file is {size} bytes")
         raw = handle.read(header_len)
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        header: Any = decode_json(raw, max_bytes=_MAX_HEADER_BYTES)
+    except ValueError as exc:  # not UTF-8 JSON, duplicate names, nested too deeply, ...
         raise CheckpointFormatError(f"{path} has an unreadable safetensors header: {exc}") from exc
     if not isinstance(header, dict):
         raise CheckpointFormatError(f"{path}: the safetensors header is not a JSON object")
