@@ -43,4 +43,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run `hwr`; returns the exit status (argparse exits 2 itself on a malformed command line)."""
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
-    return run_command(args.command, lambda: handler(args))
+    return run_command(args.command, lambda: handler(args), json_output=bool(getattr(args, "json", False)))

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from ..config import ENV_ROOT, HostWeightRuntimeConfig, default_root
+from ..failures import FailureCode
 from ..filesystem._layout import DomainLayout, check_key
 from ..filesystem.store import FilesystemHostWeightStore
 from ._output import ReportedError, UsageError, short_key
@@ -29,7 +30,7 @@ __all__ = [
 
 MIN_KEY_PREFIX = 4
 
-_HEX_PREFIX = re.compile(r"^[0-9a-f]+$")
+_HEX_PREFIX = re.compile(r"[0-9a-f]+")
 
 
 def add_root_option(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +45,8 @@ def add_key_argument(parser: argparse.ArgumentParser) -> None:
 
 def domain_root(option: str | None) -> Path:
     """--root, else HWR_ROOT (validated as the library validates it), else the default root."""
+    if option is not None and "\x00" in option:
+        raise UsageError("--root contains a NUL character; give the domain root as a plain path")
     if option is not None:
         return Path(option).expanduser().absolute()
     if os.environ.get(ENV_ROOT, "").strip():
@@ -64,7 +67,8 @@ def open_existing(root: Path) -> FilesystemHostWeightStore:
     if not DomainLayout(root).domain_file.is_file():
         where = "nothing is there" if not root.exists() else f"{root} holds no domain.json"
         raise ReportedError(
-            f"no domain at {root} ({where}); pass --root or set {ENV_ROOT} to the directory your workers use"
+            f"no domain at {root} ({where}); pass --root or set {ENV_ROOT} to the directory your workers use",
+            code=FailureCode.NOT_FOUND,
         )
     return FilesystemHostWeightStore(root)
 
@@ -77,14 +81,18 @@ def resolve_key(store: FilesystemHostWeightStore, text: str) -> str:
             return check_key(text)
         except ValueError as exc:
             raise UsageError(f"{exc}; `hwr inspect` lists the keys") from None
-    if len(text) < MIN_KEY_PREFIX or len(text) > 64 or not _HEX_PREFIX.match(text):
+    if len(text) < MIN_KEY_PREFIX or len(text) > 64 or not _HEX_PREFIX.fullmatch(text):
+        shown = text if len(text) <= 80 else f"{text[:64]}... ({len(text)} characters)"
         raise UsageError(
-            f"{text!r} is not an artifact key: give the 64-character hex key or a unique prefix of at least "
+            f"{shown!r} is not an artifact key: give the 64-character hex key or a unique prefix of at least "
             f"{MIN_KEY_PREFIX} characters (`hwr inspect` lists the keys)"
         )
     matches = sorted(key for key in _stored_keys(store.layout) if key.startswith(text) and len(key) == 64)
     if not matches:
-        raise ReportedError(f"no artifact key in {store.root} starts with {text}; `hwr inspect` lists the keys")
+        raise ReportedError(
+            f"no artifact key in {store.root} starts with {text}; `hwr inspect` lists the keys",
+            code=FailureCode.NOT_FOUND,
+        )
     if len(matches) > 1:
         listed = ", ".join(short_key(key) for key in matches)
         raise UsageError(f"key prefix {text} is ambiguous ({listed}); give more characters")

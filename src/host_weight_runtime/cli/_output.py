@@ -28,7 +28,7 @@ from rich.prompt import Confirm
 from rich.text import Text
 
 from ..canonical_json import JsonValue
-from ..failures import ArgumentHint, HostWeightError, HostWeightFailure, HostWeightUsageError
+from ..failures import ArgumentHint, FailureCode, HostWeightError, HostWeightFailure, HostWeightUsageError
 
 __all__ = [
     "EXIT_FAILURE",
@@ -73,7 +73,11 @@ class UsageError(Exception):
 
 
 class ReportedError(Exception):
-    """A failure the command reports in one line (exit 1)."""
+    """A failure the command reports in one line (exit 1); `code` is what `--json` reports it as."""
+
+    def __init__(self, message: str, *, code: FailureCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def stdout_console() -> Console:
@@ -197,26 +201,62 @@ def failure_message(problem: HostWeightFailure) -> str:
     return f"{text}; {hint.render(option_spelling)}"
 
 
-def run_command(command: str, action: Callable[[], int]) -> int:
-    """Run one command and map what it raises to a one-line message on stderr and an exit code."""
+def run_command(command: str, action: Callable[[], int], *, json_output: bool = False) -> int:
+    """Run one command and map what it raises to a one-line message on stderr and an exit code.
+
+    With `json_output` (`--json`) stdout also gets one JSON object, `{"error": {...}}`, carrying the
+    failure code, so a script never has to parse the stderr line.
+    """
     try:
         return action()
     except UsageError as exc:
-        stderr_console().print(Text(f"hwr {command}: {exc}"))
-        return EXIT_USAGE
+        return _report_error(command, str(exc), FailureCode.INVALID_CONFIGURATION.value, EXIT_USAGE, json_output)
     except ReportedError as exc:
-        stderr_console().print(Text(f"hwr {command}: {exc}"))
-        return EXIT_FAILURE
+        code = exc.code.value if exc.code is not None else "failed"
+        return _report_error(command, str(exc), code, EXIT_FAILURE, json_output)
     except HostWeightUsageError as exc:  # a bad argument or model folder: a usage error, whatever its family
-        stderr_console().print(Text(f"hwr {command}: {failure_message(exc.failure)}"))
-        return EXIT_USAGE
+        problem = exc.failure
+        return _report_error(
+            command, failure_message(problem), problem.code.value, EXIT_USAGE, json_output, failure=problem
+        )
     except HostWeightError as exc:
         problem = exc.failure
-        stderr_console().print(Text(f"hwr {command}: [{problem.code.value}] {failure_message(problem)}"))
-        return EXIT_FAILURE
+        text = f"[{problem.code.value}] {failure_message(problem)}"
+        return _report_error(command, text, problem.code.value, EXIT_FAILURE, json_output, failure=problem)
     except ValueError as exc:
-        stderr_console().print(Text(f"hwr {command}: {exc}"))
-        return EXIT_USAGE
+        return _report_error(command, str(exc), FailureCode.INVALID_CONFIGURATION.value, EXIT_USAGE, json_output)
     except KeyboardInterrupt:
         stderr_console().print("interrupted")
         return EXIT_INTERRUPTED
+
+
+def _report_error(
+    command: str,
+    text: str,
+    code: str,
+    exit_code: int,
+    json_output: bool,
+    *,
+    failure: HostWeightFailure | None = None,
+) -> int:
+    """One line on stderr (`hwr COMMAND: message`), and with `--json` the same as a JSON object on stdout."""
+    stderr_console().print(Text(f"hwr {command}: {_one_line(text)}"))
+    if json_output:
+        print_json(
+            {
+                "error": {
+                    "command": command,
+                    "code": code,
+                    "message": text,
+                    "exit_code": exit_code,
+                    "failure": None if failure is None else failure.to_dict(),
+                }
+            }
+        )
+    return exit_code
+
+
+def _one_line(text: str, limit: int = 2000) -> str:
+    """A message as one line of bounded length: an echoed hostile argument cannot flood or forge lines."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

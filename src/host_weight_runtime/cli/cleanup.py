@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..canonical_json import JsonValue
+from ..failures import FailureCode
 from ..filesystem.inspection import ArtifactInspection
 from ..filesystem.store import FilesystemHostWeightStore
 from ..outcomes import CleanupResult, CleanupStatus
@@ -96,7 +97,10 @@ def models_matching(model: str, entries: Sequence[ArtifactInspection]) -> list[A
 def _model_keys(store: FilesystemHostWeightStore, model: str) -> list[str]:
     entries = models_matching(model, store.inspect_domain().artifacts)
     if not entries:
-        raise ReportedError(f"no artifact in {store.root} was built from {model!r}; `hwr inspect` lists the models")
+        raise ReportedError(
+            f"no artifact in {store.root} was built from {model!r}; `hwr inspect` lists the models",
+            code=FailureCode.NOT_FOUND,
+        )
     return sorted({entry.key for entry in entries})
 
 
