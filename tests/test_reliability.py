@@ -481,3 +481,39 @@ def test_truncation_under_a_live_lease_is_caught_at_the_next_lease(tmp_path: Pat
         control.send("touch")
         holder.join(WAIT_S)
     assert holder.exitcode == -signal.SIGBUS
+
+
+def test_offsets_past_eof_with_a_consistent_total_bytes_are_typed_invalid(tmp_path: Path) -> None:
+    """S10 (issue 14, finding 4): a tensor's data_offsets moved past EOF in the payload header and the manifest
+    alike, with every size and `total_bytes` consistent with the files on disk (so no size check catches it), is
+    typed INVALID at both levels, never a hit or a read past the mapping; PREFERRED falls back, then it is rebuilt."""
+    store, directory = publish(tmp_path / "hwr")
+    _header_case(directory, "offsets_past_eof")
+    manifest = manifest_value(directory)
+    files = manifest["files"]
+    assert isinstance(files, list)
+    on_disk = {entry["name"]: (directory / entry["name"]).stat().st_size for entry in files}
+    assert all(entry["size"] == on_disk[entry["name"]] for entry in files)
+    assert manifest["total_bytes"] == sum(on_disk.values())
+    name, header = _first_payload(directory)
+    data_bytes = on_disk[name] - 8 - len(split_payload(directory / name)[0])
+    assert max(entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__") > data_bytes  # type: ignore[index]
+    for level in (FULL, META):
+        result = store.lookup(make_identity(), validation=level)
+        assert result.status is StoreStatus.INVALID and result.lease is None, (level, result.status)
+        assert result.failure is not None and result.failure.code in {
+            FailureCode.PAYLOAD_INVALID,
+            FailureCode.MANIFEST_INVALID,
+            FailureCode.ARTIFACT_DENIED,
+        }
+    runtime = HostWeightRuntime(HostWeightRuntimeConfig(mode=RuntimeMode.PREFERRED, root=tmp_path / "hwr"))
+    resolution = runtime.resolve(make_identity())
+    assert resolution.outcome is ResolutionOutcome.CANONICAL_FALLBACK and resolution.lease is None
+    rebuilt = store.get_or_build(
+        BuildRequest(make_identity()),
+        SyntheticProducer(make_identity(), make_tensors(), files=2),
+        validation=FULL,
+        deadline=soon(),
+    )
+    assert rebuilt.status is StoreStatus.BUILT and rebuilt.lease is not None, rebuilt.failure
+    rebuilt.lease.close()
