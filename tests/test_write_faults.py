@@ -243,3 +243,34 @@ def test_real_enospc_mid_build_on_a_capped_tmpfs(tmp_path: Path, point: str, ski
         assert_nothing_left(store)
         filler.free()
         assert_usable_after(store)
+
+
+def test_real_enospc_through_load_component_publishes_nothing_then_recovers(tmp_path: Path) -> None:
+    """D14 S18 (issue 14): a real diffusers model loaded in PREFERRED onto a domain whose tmpfs another tenant fills
+    between the capacity check and the allocation: the model still loads canonically, the post-load publication
+    fails typed (NO_SPACE), nothing is published or left in tmp/; with the space freed the next load publishes."""
+    from host_weight_runtime.diffusion import load_component
+    from host_weight_runtime.tools.synthetic_models import build_model, save_model_folder
+
+    folder = save_model_folder(build_model("flux"), tmp_path / "model")
+    with capped_tmpfs(tmp_path / "mnt") as mount_point:
+        root = mount_point / "hwr"
+        config = HostWeightRuntimeConfig(
+            mode=RuntimeMode.PREFERRED, root=root, lock_timeout_s=WAIT_S, capacity=CapacityPolicy(min_free_bytes=0)
+        )
+        filler = Filler(mount_point)
+        arm("writer.preallocate", Fault(FaultAction.PAUSE, hook=filler.fill))
+        with load_component(folder, runtime=HostWeightRuntime(config)) as loaded:
+            disarm_all()
+            assert filler.fired == ["writer.preallocate"]
+            assert loaded.lease is None and loaded.outcome is ResolutionOutcome.CANONICAL_FALLBACK
+            assert loaded.publication is not None and loaded.publication.failure is not None
+            assert loaded.publication.failure.code is FailureCode.NO_SPACE and loaded.publication.failure.retryable
+        store = FilesystemHostWeightStore(root)
+        assert os.listdir(store.layout.artifacts) == [] and os.listdir(store.layout.tmp) == []
+        filler.free()
+        with load_component(folder, runtime=HostWeightRuntime(config)) as again:
+            assert again.publication is not None and again.publication.failure is None
+        with load_component(folder, runtime=HostWeightRuntime(config)) as hit:
+            assert hit.outcome is ResolutionOutcome.LOCAL_HIT and hit.lease is not None
+        assert len(os.listdir(store.layout.artifacts)) == 1 and os.listdir(store.layout.tmp) == []
