@@ -170,12 +170,12 @@ class BackgroundVerification:
         "_ledger",
         "_manifest",
         "_publication_id",
+        "_seconds",
         "_state",
         "_stop",
         "_storage_class",
         "_thread",
         "payload_bytes",
-        "seconds",
     )
 
     def __init__(
@@ -203,7 +203,7 @@ class BackgroundVerification:
         self._stop = threading.Event()
         self._done = threading.Event()
         self.payload_bytes = 0
-        self.seconds = 0.0
+        self._seconds: float | None = None
         self._thread = threading.Thread(target=self._run, name="hwr-verify", daemon=True)
 
     def start(self) -> None:
@@ -219,6 +219,11 @@ class BackgroundVerification:
         """Why the verification DENIED the artifact or FAILED; None otherwise."""
         return self._failure
 
+    @property
+    def elapsed_s(self) -> float | None:
+        """Seconds the verification ran, once it ended (None while it runs)."""
+        return self._seconds if self._done.is_set() else None
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the verification ended (any state but RUNNING); True when it did."""
         return self._done.wait(timeout)
@@ -228,6 +233,7 @@ class BackgroundVerification:
         self._stop.set()
         if self._thread.ident is None:  # never started: the lease was withdrawn before it was handed out
             self._finish(VerificationState.ABANDONED)
+            self._seconds = 0.0
             self._done.set()
         elif self._thread is not threading.current_thread():
             self._thread.join()
@@ -256,14 +262,14 @@ class BackgroundVerification:
                 ),
             )
         finally:
-            self.seconds = time.monotonic() - started
+            self._seconds = time.monotonic() - started
             if self._state in (VerificationState.VERIFIED, VerificationState.DENIED):
                 _telemetry.emit(
                     _telemetry.TelemetryEvent(
                         _telemetry.TelemetryKind.VERIFIED,
                         self._storage_class,
                         nbytes=self.payload_bytes,
-                        seconds=self.seconds,
+                        seconds=self._seconds,
                         ok=self._state is VerificationState.VERIFIED,
                     )
                 )
