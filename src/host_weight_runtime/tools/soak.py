@@ -267,7 +267,7 @@ def _resolve_diffusers(root: str, model: _Model, validation: ValidationLevel) ->
 
 def worker_main(root: str, conn: Connection) -> None:
     """A soak worker: resolve what the controller asks, one request at a time; report over `conn`."""
-    os.environ.setdefault("HWR_BACKGROUND_VERIFY", "once")
+    os.environ["HWR_BACKGROUND_VERIFY"] = "once"  # the soak exercises the background verifier too
     store = FilesystemHostWeightStore(Path(root))
     conn.send({"ready": os.getpid()})
     while True:
