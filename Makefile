@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint demo bench bench-quick fuzz clean
+.PHONY: setup test lint demo bench bench-quick fuzz soak clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,15 @@ FUZZ_EXAMPLES ?= 2000
 
 fuzz: setup
 	HWR_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -m fuzz --timeout=0 --hypothesis-show-statistics tests
+
+# Workers resolving a rotating set of models under random SIGKILLs, corruption, cleanup, gc and eviction,
+# with an invariant check after every step (src/host_weight_runtime/tools/soak.py). SOAK_SECONDS sets the
+# duration, SOAK_WORKERS the worker count, SOAK_SEED replays a run (the seed is printed).
+SOAK_SECONDS ?= 1800
+SOAK_WORKERS ?= 3
+
+soak: setup
+	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_WORKERS=$(SOAK_WORKERS) $(BIN)/python -m host_weight_runtime.tools.soak
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

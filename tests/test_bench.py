@@ -30,6 +30,8 @@ from host_weight_runtime.tools.bench.names import (
     REMOTE_S3,
     VIEWS_SHM,
     WARM_SHM,
+    WARM_VERIFY_OFF,
+    WARM_VERIFY_ON,
 )
 from host_weight_runtime.tools.bench.peers import PEERS, Peer, PeerFormat
 from host_weight_runtime.tools.bench.report import markdown
@@ -335,3 +337,22 @@ def test_sigterm_removes_the_folders_and_the_huge_page_mount(tmp_path: Path) -> 
     assert list(tmp_path.iterdir()) == []
     assert str(tmp_path) not in Path("/proc/mounts").read_text()
     assert set(Path("/dev/shm").glob("hwr-bench-*")) == shm_before
+
+
+def test_bench_reports_what_the_background_verification_costs(bench_run: tuple[int, Path]) -> None:
+    """S08: a warm row whose first lease verifies in the background (its record removed before each run)
+    next to one with HWR_BACKGROUND_VERIFY=off, on the same bytes; the verification time, the warm load
+    and the time-to-ready ratio are reported in the JSON and the markdown."""
+    _status, out = bench_run
+    data = _report(out)
+    on, off = data["rows"][WARM_VERIFY_ON]["hot"], data["rows"][WARM_VERIFY_OFF]["hot"]
+    assert on["outcomes"] == off["outcomes"] == ["local_hit"]
+    assert on["verifications"] == ["verified"] and off["verifications"] == ["None"]
+    assert on["checksums"] == off["checksums"] == data["rows"][WARM_SHM]["hot"]["checksums"]
+    section = data["background_verification"]
+    assert section["verification_s"]["median"] > 0
+    assert section["ready_on_vs_off"] == pytest.approx(
+        section["time_to_ready_on_ms"]["median"] / section["time_to_ready_off_ms"]["median"]
+    )
+    (markdown_file,) = out.glob("*.md")
+    assert "**Background verification**" in markdown_file.read_text()

@@ -35,6 +35,7 @@ class TelemetryKind(str, enum.Enum):
     LEASE_OPENED = "lease_opened"
     LEASE_CLOSED = "lease_closed"
     RESTORED = "restored"
+    VERIFIED = "verified"  # a background full verification ended: ok, or the artifact was denied
 
 
 @dataclass(frozen=True, slots=True)

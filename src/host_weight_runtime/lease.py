@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from ._faults import fault_point
 from .canonical_json import JsonValue
-from .failures import FailureCode, ResolutionStage, raise_failure
+from .failures import FailureCode, HostWeightFailure, ResolutionStage, raise_failure
 from .identity import WeightArtifactIdentity
 from .manifest import WeightManifest
 from .tensors import ValidationLevel
@@ -77,6 +77,36 @@ class LeaseBackgroundWork(Protocol):
     def stop(self) -> None: ...
 
 
+class VerificationState(str, enum.Enum):
+    """Where a lease's background full verification stands (HWR_BACKGROUND_VERIFY)."""
+
+    RUNNING = "running"
+    VERIFIED = "verified"  # every payload byte hashed and matched; the domain records it once
+    DENIED = "denied"  # a payload did not match: the artifact is denied for every later lookup
+    SKIPPED = "skipped"  # another process was verifying it, or finished first
+    ABANDONED = "abandoned"  # the lease closed first; nothing recorded, a later lease tries again
+    FAILED = "failed"  # an I/O error judged nothing; nothing recorded, a later lease tries again
+
+
+class LeaseVerification(Protocol):
+    """A background full verification a store started for a lease; it never closes or alters the lease."""
+
+    @property
+    def state(self) -> VerificationState: ...
+
+    @property
+    def failure(self) -> HostWeightFailure | None: ...
+
+    @property
+    def elapsed_s(self) -> float | None:
+        """Seconds the verification ran, once it ended (None while it runs)."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+    def stop(self) -> None: ...
+
+
 class LeaseLock(Protocol):
     """The shared artifact lock a lease holds; released exactly once by `close`."""
 
@@ -98,6 +128,7 @@ class HostWeightLease:
         "_provenance",
         "_regions",
         "_tensors",
+        "_verification",
     )
 
     def __init__(
@@ -111,8 +142,10 @@ class HostWeightLease:
         mappings: tuple[object, ...],
         lock: LeaseLock,
         background: LeaseBackgroundWork | None = None,
+        verification: LeaseVerification | None = None,
     ) -> None:
         self._identity = identity
+        self._verification = verification
         self._background = background
         self._manifest = manifest
         self._tensors: Mapping[str, torch.Tensor] | None = MappingProxyType(dict(tensors))
@@ -156,6 +189,16 @@ class HostWeightLease:
         return self._provenance.publication_id
 
     @property
+    def verification(self) -> LeaseVerification | None:
+        """The background full verification this lease started, if any (see HWR_BACKGROUND_VERIFY).
+
+        None when none was needed: already verified on this node, checked with FULL_CHECKSUM,
+        just built or imported by this process, or switched off. A DENIED state means the bytes
+        this lease maps failed their digests; later lookups fall back, this lease keeps serving.
+        """
+        return self._verification
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -169,6 +212,9 @@ class HostWeightLease:
             background, self._background = self._background, None
             if background is not None:
                 background.stop()
+            verification = self._verification
+            if verification is not None:
+                verification.stop()  # before the lock goes: the verifier reads under this lease's lock
             lock = self._lock
             self._tensors = None
             self._mappings = ()

@@ -182,6 +182,12 @@ class HostWeightMetrics:
         self.evictions = counter(
             "hwr_evictions", "Artifacts this process evicted (LRU or gc).", ("storage_class",), **kwargs
         )
+        self.background_verifications = counter(
+            "hwr_background_verifications",
+            "Background full verifications that ended, by outcome (verified, denied) and storage class.",
+            ("outcome", "storage_class"),
+            **kwargs,
+        )
         self.live_leases = gauge(
             "hwr_live_leases",
             "Leases open in this process (summed over live processes in multiprocess mode).",
@@ -229,6 +235,9 @@ class HostWeightMetrics:
             self.live_leases.set(_telemetry.live_leases())
         elif kind is _telemetry.TelemetryKind.RESTORED:
             self.restore_seconds.labels("ok" if event.ok else "failed").observe(event.seconds)
+        elif kind is _telemetry.TelemetryKind.VERIFIED:
+            outcome = "verified" if event.ok else "denied"
+            self.background_verifications.labels(outcome, event.storage_class).inc()
 
 
 class DomainCollector:

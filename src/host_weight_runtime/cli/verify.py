@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rich.text import Text
 
+from ..filesystem._verify import VerificationLedger
 from ..filesystem.inspection import ArtifactInspection, ArtifactState
 from ..tensors import ValidationLevel
 from ._command import Subcommands, add_command
@@ -58,10 +59,22 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = store.inspect_artifact(key, validation=validation, deadline=deadline)
     verified = result.state is ArtifactState.READY and result.problem is None
+    record = VerificationLedger(store.layout).read(key)
+    background = (
+        record is not None and result.publication_id is not None and record.publication_id == result.publication_id
+    )
     if args.json:
-        print_json({"validation": validation.value, "verified": verified, **result.to_dict()})
+        print_json(
+            {
+                "validation": validation.value,
+                "verified": verified,
+                "background_verified": background,
+                "background_verified_at_ns": record.verified_at_ns if background and record is not None else None,
+                **result.to_dict(),
+            }
+        )
     else:
-        _render_verify(verified, validation, result)
+        _render_verify(verified, validation, result, background=background)
     return EXIT_OK if verified else EXIT_FAILURE
 
 
@@ -78,8 +91,16 @@ def _payload_bytes(directory: Path) -> int:
     return total
 
 
-def _render_verify(verified: bool, validation: ValidationLevel, result: ArtifactInspection) -> None:
+def _render_verify(
+    verified: bool, validation: ValidationLevel, result: ArtifactInspection, *, background: bool
+) -> None:
     what = "every payload byte re-hashed" if validation is ValidationLevel.FULL_CHECKSUM else "manifest and metadata"
+    if validation is ValidationLevel.MANIFEST_AND_METADATA:
+        what += (
+            "; payloads hashed on this node by a background verification"
+            if background
+            else "; payloads not hashed on this node yet: --full hashes them"
+        )
     if verified:
         line = Text()
         line.append("ok ", style="green bold")

@@ -9,6 +9,7 @@
         <key>.build.lock          exclusive: one builder per key
         <key>.artifact.lock       shared by every live lease; exclusive to publish or remove;
                                   its mtime is the artifact's last use (touched when a lease opens and closes)
+        <key>.verify.lock         exclusive while one process verifies the artifact in the background
       artifacts/<key>/            a published artifact (dir 0555, files 0444)
         READY.json                written last; names the manifest's digest
         manifest.json             identity, per-tensor and per-file digests, content digest
@@ -17,6 +18,7 @@
       tmp/evicting-<key>.<pid>.<rand>/  an evicted artifact being deleted (moved out of artifacts/ first)
       quarantine/<key>.<ns>.<rand>/  invalid or colliding artifacts, kept for inspection
       deny/<key>.json             "this artifact failed validation"
+      verified/<key>.json         "this publication was fully hashed on this node" (background verification)
       source-digests-v1/          node cache of checkpoint-file hashes (diffusion adapters);
         entries/, locks/          disposable: a missing or corrupt entry is simply recomputed
 
@@ -39,10 +41,11 @@ ARTIFACTS_DIR = "artifacts"
 TMP_DIR = "tmp"
 QUARANTINE_DIR = "quarantine"
 DENY_DIR = "deny"
+VERIFIED_DIR = "verified"
 DOMAIN_INIT_LOCK = "domain-init.lock"
 CAPACITY_LOCK = "capacity.lock"
 EVICTING_PREFIX = "evicting-"
-STORE_DIRS = (LOCKS_DIR, ARTIFACTS_DIR, TMP_DIR, QUARANTINE_DIR, DENY_DIR)
+STORE_DIRS = (LOCKS_DIR, ARTIFACTS_DIR, TMP_DIR, QUARANTINE_DIR, DENY_DIR, VERIFIED_DIR)
 
 _KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 
@@ -98,6 +101,10 @@ class DomainLayout:
         return self.root / DENY_DIR
 
     @property
+    def verified(self) -> Path:
+        return self.root / VERIFIED_DIR
+
+    @property
     def domain_init_lock(self) -> Path:
         return self.locks / DOMAIN_INIT_LOCK
 
@@ -110,6 +117,12 @@ class DomainLayout:
 
     def artifact_lock(self, key: str) -> Path:
         return self.locks / f"{check_key(key)}.artifact.lock"
+
+    def verify_lock(self, key: str) -> Path:
+        return self.locks / f"{check_key(key)}.verify.lock"
+
+    def verified_marker(self, key: str) -> Path:
+        return self.verified / f"{check_key(key)}.json"
 
     def artifact_dir(self, key: str) -> Path:
         return self.artifacts / check_key(key)

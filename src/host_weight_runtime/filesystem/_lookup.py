@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -18,10 +19,13 @@ from ._deny import DenyMarkers
 from ._layout import DomainLayout
 from ._prefault import BackgroundPrefault, prefault_enabled
 from ._usage import UsageRecordingLock, touch_lock_file
+from ._verify import BackgroundVerification, BackgroundVerifyMode, VerificationLedger
 from .locks import FileLock, acquire_lock
 from .reader import ArtifactReadError, InvalidArtifactError, ValidatedArtifact, open_artifact
 
 __all__ = ["ArtifactLookup", "artifact_lock"]
+
+_LOG = logging.getLogger("host_weight_runtime")
 
 
 def artifact_lock(
@@ -34,7 +38,7 @@ def artifact_lock(
 class ArtifactLookup:
     """Validated leases of published artifacts; never builds, denies what fails validation."""
 
-    __slots__ = ("_deny", "_domain_id", "_hash_threads", "_layout", "_storage_class")
+    __slots__ = ("_deny", "_domain_id", "_hash_threads", "_layout", "_ledger", "_storage_class", "_verify_mode")
 
     def __init__(
         self,
@@ -43,8 +47,12 @@ class ArtifactLookup:
         deny: DenyMarkers,
         hash_threads: int | None,
         storage_class: str = "",
+        *,
+        verify_mode: BackgroundVerifyMode = BackgroundVerifyMode.OFF,
     ) -> None:
         self._domain_id = domain_id
+        self._verify_mode = verify_mode
+        self._ledger = VerificationLedger(layout)
         self._layout = layout
         self._deny = deny
         self._hash_threads = hash_threads
@@ -112,12 +120,16 @@ class ArtifactLookup:
             if deny_failure is not None:
                 return StoreStatus.FAILED, None, deny_failure
             return StoreStatus.INVALID, None, exc.failure
-        lease = self.make_lease(identity, validated, lock, validation=validation, source=source)
+        lease = self.make_lease(
+            identity, validated, lock, validation=validation, source=source, start_verification=False
+        )
         fault_point("lookup.before_deny_recheck")
         if self._deny.present(key):
             # A stronger concurrent lookup denied the artifact after we validated it.
             lease.close()
             return StoreStatus.INVALID, None, self._deny.failure(key)
+        if isinstance(lease.verification, BackgroundVerification):
+            lease.verification.start()  # only now: this lease is served, whatever the verifier finds
         return StoreStatus.HIT, lease, None
 
     def make_lease(
@@ -128,10 +140,13 @@ class ArtifactLookup:
         *,
         validation: ValidationLevel,
         source: LeaseSource,
+        start_verification: bool = True,
     ) -> HostWeightLease:
         """Hand a validated artifact's mappings and its held artifact lock over to a new lease.
 
         The lease's start and end are recorded as the artifact's last use (the usage ledger).
+        A hit on a publication not yet fully hashed on this node starts its background
+        verification (`_verify`); a FULL_CHECKSUM lease records that it was.
         """
         key = identity.key  # computed, not cached: hash it once
         touch_lock_file(lock.path)
@@ -151,6 +166,9 @@ class ArtifactLookup:
             if prefault_enabled()
             else None
         )
+        verification = self._verification_for(key, validated, validation=validation, source=source)
+        if verification is not None and start_verification:
+            verification.start()
         return HostWeightLease(
             identity=identity,
             manifest=validated.manifest,
@@ -160,4 +178,37 @@ class ArtifactLookup:
             mappings=mappings,
             lock=UsageRecordingLock(lock, self._storage_class),
             background=prefault,
+            verification=verification,
+        )
+
+    def _verification_for(
+        self, key: str, validated: ValidatedArtifact, *, validation: ValidationLevel, source: LeaseSource
+    ) -> BackgroundVerification | None:
+        """The (unstarted) background full verification this lease owes the node, if any (HWR_BACKGROUND_VERIFY).
+
+        Builds and imports hashed every byte in this process, so only hits and joins verify.
+        """
+        publication_id = validated.marker.publication_id
+        if self._verify_mode is BackgroundVerifyMode.OFF:
+            return None
+        if validation is ValidationLevel.FULL_CHECKSUM:
+            if not self._ledger.is_verified(key, publication_id):
+                try:
+                    self._ledger.record(key, publication_id, sum(p.entry.size for p in validated.payloads))
+                except OSError as exc:  # only a record of work already done; the lease does not depend on it
+                    _LOG.debug("could not record the full verification of %s...: %s", key[:16], exc)
+            return None
+        if source not in (LeaseSource.LOCAL_HIT, LeaseSource.JOINED):
+            return None
+        if self._ledger.is_verified(key, publication_id):
+            return None
+        return BackgroundVerification(
+            layout=self._layout,
+            ledger=self._ledger,
+            deny=self._deny,
+            key=key,
+            manifest=validated.manifest,
+            publication_id=publication_id,
+            inodes={payload.entry.name: (payload.device, payload.inode) for payload in validated.payloads},
+            storage_class=self._storage_class,
         )

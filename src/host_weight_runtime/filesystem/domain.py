@@ -27,7 +27,7 @@ from ..config import CapacityPolicy, StorageClass
 from ..failures import FailureCode, HostWeightError, ResolutionStage, raise_failure
 from ..protocols import CoordinationScope
 from ._fsutil import errno_name, failure_from_os_error, read_small_file, write_file_atomic
-from ._layout import ARTIFACTS_DIR, DENY_DIR, QUARANTINE_DIR, TMP_DIR, DomainLayout
+from ._layout import ARTIFACTS_DIR, DENY_DIR, QUARANTINE_DIR, TMP_DIR, VERIFIED_DIR, DomainLayout
 from .locks import acquire_lock
 
 __all__ = [
@@ -249,7 +249,7 @@ def open_domain(
         # (d) everything else, under the lock; the records first, so a damaged domain gains nothing
         record = _load_or_create_domain_record(layout, scope, detected, mount.fs_type)
         policy = _load_or_create_policy(layout, capacity)
-        for name in (ARTIFACTS_DIR, TMP_DIR, QUARANTINE_DIR, DENY_DIR):
+        for name in (ARTIFACTS_DIR, TMP_DIR, QUARANTINE_DIR, DENY_DIR, VERIFIED_DIR):
             _ensure_private_dir(root / name, f"store directory {name}/")
     finally:
         init_lock.release()

@@ -13,6 +13,7 @@ The store is the front door; each of its jobs lives in one private module:
 - `_bundle`: ARTIFACT_BUNDLE builds, one producer pass for several outputs, each published atomically;
 - `_publication`: sealing staging (manifest, READY, permissions, fsync) and the commit rename;
 - `_deny`: deny markers for artifacts that failed validation;
+- `_verify`: the background full verification of each publication once per node (HWR_BACKGROUND_VERIFY);
 - `_maintenance`: cleanup and inspection;
 - `_eviction`, `_usage`, `garbage`: the usage ledger, LRU eviction that honours leases, and `gc`.
 """
@@ -36,6 +37,7 @@ from ._eviction import Evictor
 from ._layout import DomainLayout
 from ._lookup import ArtifactLookup
 from ._maintenance import DomainMaintenance
+from ._verify import BackgroundVerifyMode, background_verify_mode
 from .capacity import CapacityGuard
 from .domain import DomainInfo, MountTable, open_domain
 from .garbage import DEFAULT_QUARANTINE_RETENTION_S, GarbageCollector, GcPlan, GcResult
@@ -58,9 +60,15 @@ class FilesystemHostWeightStore:
         mount_table: MountTable | None = None,
         hash_threads: int | None = None,
         eviction: EvictionPolicy = EvictionPolicy.LRU,
+        background_verify: BackgroundVerifyMode | None = None,
     ) -> None:
+        """`background_verify=None` reads HWR_BACKGROUND_VERIFY (default `once`); see `_verify`."""
         if not isinstance(eviction, EvictionPolicy):
             raise ValueError(f"eviction must be an EvictionPolicy, got {eviction!r}")
+        if background_verify is None:
+            background_verify = background_verify_mode()
+        elif not isinstance(background_verify, BackgroundVerifyMode):
+            raise ValueError(f"background_verify must be a BackgroundVerifyMode or None, got {background_verify!r}")
         if scope is not CoordinationScope.SINGLE_PROCESS:
             raise HostWeightError(
                 failure(
@@ -84,7 +92,9 @@ class FilesystemHostWeightStore:
         capacity_guard = CapacityGuard(self._layout, self._domain.capacity, self._domain.storage_class)
         deny = DenyMarkers(self._layout)
         evictor = Evictor(self._layout, storage)
-        self._lookup = ArtifactLookup(self._domain.domain_id, self._layout, deny, hash_threads, storage)
+        self._lookup = ArtifactLookup(
+            self._domain.domain_id, self._layout, deny, hash_threads, storage, verify_mode=background_verify
+        )
         self._builder = ArtifactBuilder(
             self._layout,
             capacity_guard,

@@ -67,6 +67,7 @@ class RowSpec:
     peer_file: str | None = None  # PEER: the final-layout file it reads
     remote_url: str | None = None  # HWR: a remote (HWR_REMOTE) the runtime imports from after a local miss
     remote_options: dict[str, Any] | None = None  # HWR: its fsspec storage options (a local endpoint, no secret)
+    background_verify: str | None = None  # HWR: HWR_BACKGROUND_VERIFY in the worker (None: inherited)
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
@@ -81,6 +82,7 @@ class RowSpec:
             "peer_file": self.peer_file,
             "remote_url": self.remote_url,
             "remote_options": self.remote_options,
+            "background_verify": self.background_verify,
         }
 
     @classmethod
@@ -97,6 +99,7 @@ class RowSpec:
             peer_file=None if value.get("peer_file") is None else str(value["peer_file"]),
             remote_url=None if value.get("remote_url") is None else str(value["remote_url"]),
             remote_options=None if value.get("remote_options") is None else dict(value["remote_options"]),
+            background_verify=None if value.get("background_verify") is None else str(value["background_verify"]),
         )
 
 
@@ -284,6 +287,10 @@ def run_row(spec: RowSpec, flux_class: Any) -> tuple[dict[str, JsonValue], _Load
             raise RuntimeError(f"background publication failed: {background.failure.message}")
         assert background.elapsed_s is not None
         published_ms = (time.perf_counter() - started) * 1000.0
+    lease = None if loaded.component is None else loaded.component.lease
+    verification = None if lease is None else lease.verification
+    if verification is not None:  # after the clock stopped: the worker is ready while it runs
+        verification.wait()
     row: dict[str, JsonValue] = {
         "name": spec.name,
         "pid": os.getpid(),
@@ -298,6 +305,8 @@ def run_row(spec: RowSpec, flux_class: Any) -> tuple[dict[str, JsonValue], _Load
         "rss_bytes": rss,
         "pss_bytes": pss,
         "published_ms": published_ms,
+        "verification_s": None if verification is None else verification.elapsed_s,
+        "verification": None if verification is None else verification.state.value,
         **_component_facts(loaded.component),
     }
     return row, loaded

@@ -15,6 +15,8 @@ __all__ = [
     "VIEWS_SHM",
     "WARM_HUGE",
     "WARM_SHM",
+    "WARM_VERIFY_OFF",
+    "WARM_VERIFY_ON",
 ]
 
 CANONICAL = "canonical"
@@ -22,6 +24,8 @@ COLD_PUBLISH = "hwr cold: canonical + publish"
 COLD_STREAM = "hwr cold: streaming producer"
 COLD_BACKGROUND = "hwr cold: canonical + background publish"
 WARM_SHM = "hwr warm: /dev/shm"
+WARM_VERIFY_ON = "hwr warm: first lease, background verify on"
+WARM_VERIFY_OFF = "hwr warm: background verify off"
 WARM_HUGE = "hwr warm: huge-page tmpfs"
 VIEWS_SHM = "safetensors-mmap-views: /dev/shm"
 VIEWS_HUGE = "safetensors-mmap-views: huge-page tmpfs"

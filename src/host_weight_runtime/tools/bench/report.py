@@ -172,6 +172,7 @@ def markdown(report: BenchReport) -> str:
         f"publication {rate('publish_s')}; single-thread SHA-256 {rate('single_thread_sha256_s')}; "
         f"FULL_CHECKSUM {rate('full_checksum_s')}.",
         *_startup_lines(data.get("cli_startup")),
+        *_verification_lines(data.get("background_verification")),
         "",
         "**Goals** (reported, not asserted)",
         "",
@@ -199,4 +200,22 @@ def _startup_lines(startup: dict[str, Any] | None) -> list[str]:
         "",
         f"**CLI start-up** (`{startup['command']}`, {len(inspect['samples'])} fresh processes): {ms(inspect)}; "
         f"`python -c pass` {ms(python)}; overhead {startup['overhead_s'] * 1000:.0f} ms; imported {heavy}.",
+    ]
+
+
+def _verification_lines(section: dict[str, Any] | None) -> list[str]:
+    """The cost of the background full verification (HWR_BACKGROUND_VERIFY=once) next to a warm load."""
+    if section is None:
+        return []
+    verification = section["verification_s"]
+    took = "not run" if verification is None else f"{verification['median'] * 1000:.0f} ms"
+    times = "n/a" if section["verification_vs_warm_load"] is None else f"{section['verification_vs_warm_load']:.1f}x"
+    ready = "n/a" if section["ready_on_vs_off"] is None else f"{section['ready_on_vs_off']:.2f}"
+    return [
+        "",
+        f"**Background verification** (once per publication per node, on a thread): it took {took} "
+        f"({times} the warm load with it off, {section['warm_load_off_ms']['median']:.0f} ms; outcomes "
+        f"{', '.join(section['verifications'])}); warm time to ready on the first lease "
+        f"{section['time_to_ready_on_ms']['median']:.0f} ms with it on vs "
+        f"{section['time_to_ready_off_ms']['median']:.0f} ms off (ratio {ready}).",
     ]

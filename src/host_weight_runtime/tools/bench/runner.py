@@ -11,6 +11,7 @@ except the 4-worker memory groups and the concurrent cold starters, which start 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -53,6 +54,8 @@ from .names import (
     VIEWS_SHM,
     WARM_HUGE,
     WARM_SHM,
+    WARM_VERIFY_OFF,
+    WARM_VERIFY_ON,
 )
 from .peers import PEERS, Peer, PeerFormat, peer_file_name, peer_unavailable_reason, write_peer_files
 from .remote import measure_remote_throughput, remote_targets
@@ -200,6 +203,7 @@ class _Row:
     fresh_domain: bool = False  # a cold row: every run gets a new, empty domain
     memory_group: bool = True  # measured as 4 concurrent held workers too
     cold_cache: bool = True  # measured with the page cache cold too
+    before_run: Callable[[], None] | None = None  # run before each measured run (untimed)
 
 
 class _Measurements:
@@ -233,6 +237,8 @@ class _Measurements:
                 self._say(f"{cache} cache: {row.spec.name}: run {index + 1}/{len(specs)}")
                 if cache == COLD:
                     evict_from_page_cache(row.disk_files)
+                if row.before_run is not None:
+                    row.before_run()
                 rows.extend(batch.go([index])[0])
                 batch.finish([index])
                 if spec.root is not None and row.fresh_domain:
@@ -319,6 +325,10 @@ def _summarize_solo(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "publication_ms": None
         if any(row["publication_ms"] is None for row in rows)
         else Stats.of([float(row["publication_ms"]) for row in rows]).to_dict(),
+        "verification_s": None
+        if any(row.get("verification_s") is None for row in rows)
+        else Stats.of([float(row["verification_s"]) for row in rows]).to_dict(),
+        "verifications": sorted({str(row.get("verification")) for row in rows}),
     }
 
 
@@ -418,6 +428,22 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
             ),
             _Row(
                 spec(WARM_SHM, LoadKind.HWR, root=str(warm_root)), "load_component hit, zero-copy restore", checkpoint
+            ),
+            _Row(
+                spec(WARM_VERIFY_OFF, LoadKind.HWR, root=str(warm_root), background_verify="off"),
+                "load_component hit with HWR_BACKGROUND_VERIFY=off",
+                checkpoint,
+                memory_group=False,
+                cold_cache=False,
+            ),
+            _Row(
+                spec(WARM_VERIFY_ON, LoadKind.HWR, root=str(warm_root), background_verify="once"),
+                "load_component hit that starts the background full verification (its record removed before "
+                "each run); the verification runs on a thread while the worker touches its weights",
+                checkpoint,
+                memory_group=False,
+                cold_cache=False,
+                before_run=functools.partial(_forget_verification, warm_store, prewarm.identity_key),
             ),
         ]
         if huge_root is not None:
@@ -543,11 +569,38 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
             "concurrent_cold_starters": concurrent,
             "throughput": _throughput_dict(throughput),
             "cli_startup": startup.to_dict(),
+            "background_verification": _verification_dict(results),
             "remote": {**remotes.to_dict(), "throughput": remote_throughput, "rows_not_measured": rows_not_measured},
             "elapsed_s": elapsed,
         }
         data["goals"] = goals(data)
         return BenchReport(data)
+
+
+def _forget_verification(store: FilesystemHostWeightStore, key: str) -> None:
+    """Remove the artifact's background-verification record, so the next hit verifies it again."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(store.layout.verified_marker(key))
+
+
+def _verification_dict(results: dict[str, dict[str, Any]]) -> dict[str, JsonValue]:
+    """What the background full verification costs: its time next to a warm load, and the warm time to
+    ready with it on (the first lease of a publication on a node) and off, measured side by side."""
+    on, off = results[WARM_VERIFY_ON][HOT], results[WARM_VERIFY_OFF][HOT]
+    verification = on["verification_s"]
+    ready_on, ready_off = on["time_to_ready_ms"]["median"], off["time_to_ready_ms"]["median"]
+    load_off = off["load_ms"]["median"]
+    return {
+        "verification_s": verification,
+        "verifications": on["verifications"],
+        "warm_load_off_ms": off["load_ms"],
+        "time_to_ready_on_ms": on["time_to_ready_ms"],
+        "time_to_ready_off_ms": off["time_to_ready_ms"],
+        "ready_on_vs_off": ratio(ready_on, ready_off),
+        "verification_vs_warm_load": None
+        if verification is None
+        else ratio(verification["median"] * 1000.0, load_off),
+    }
 
 
 def _throughput_dict(samples: ThroughputSamples) -> dict[str, JsonValue]:

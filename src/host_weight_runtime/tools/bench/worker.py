@@ -72,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     hold = "--hold" in arguments
     spec = RowSpec.from_dict(json.loads(next(argument for argument in arguments if argument != "--hold")))
+    if spec.background_verify is not None:
+        os.environ["HWR_BACKGROUND_VERIFY"] = spec.background_verify
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     flux_class = _preload(spec)
