@@ -55,6 +55,7 @@ class FinalLayoutBF16CheckpointProducer:
             outputs=(context.identity,),
             source_mode=ProductionSourceMode.CHECKPOINT_STREAM,
             lookup_phase=LookupPhase.PRE_LOAD_SAFE,
+            digest_algorithm=context.spec.digest_algorithm,
         )
         self.largest_chunk_bytes = 0
         """The largest row chunk read so far (source bytes); tests use it to show memory stays bounded."""
