@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from host_weight_runtime._digest import DigestAlgorithm
 from host_weight_runtime.canonical_json import CanonicalJson
 from host_weight_runtime.identity import (
     IDENTITY_SCHEMA_VERSION,
@@ -113,6 +114,7 @@ class SyntheticProducer:
         before_write: Callable[[], None] | None = None,
         producer_schema: str | None = None,
         restorer_schema: str | None = None,
+        digest_algorithm: DigestAlgorithm = DigestAlgorithm.SHA256_TREE_V1,
     ) -> None:
         self.identity = identity
         self.tensors = dict(tensors)
@@ -129,6 +131,7 @@ class SyntheticProducer:
             source_mode=source_mode,
             lookup_phase=lookup_phase,
             coordination_scope=scope,
+            digest_algorithm=digest_algorithm,
         )
 
     @property

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from host_weight_runtime import BuildRequest, FilesystemHostWeightStore, StoreStatus, ValidationLevel, _telemetry
+from host_weight_runtime._digest import DigestAlgorithm
 from host_weight_runtime._faults import Fault, FaultAction, arm, armed
 from host_weight_runtime.cli import main as hwr
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
@@ -328,3 +329,31 @@ def test_served_bytes_of_a_verified_lease_are_the_published_tensors(tmp_path: Pa
     assert_served_exactly(lease.tensors, expected)
     assert all(torch.equal(lease.tensors[name], tensor) for name, tensor in expected.items())
     lease.close()
+
+
+@pytest.mark.parametrize("algorithm", list(DigestAlgorithm))
+def test_the_verifier_hashes_with_the_algorithm_the_manifest_names(tmp_path: Path, algorithm: DigestAlgorithm) -> None:
+    """S08: an intact artifact of either payload digest format verifies (no false denial of blake3-tree-v1
+    artifacts), and a flipped byte in one is denied, whichever format it was published with."""
+    store = FilesystemHostWeightStore(tmp_path / "hwr", background_verify=ONCE)
+    identity = make_identity()
+    producer = SyntheticProducer(identity, make_tensors(), files=2, digest_algorithm=algorithm)
+    built = store.get_or_build(BuildRequest(identity), producer, validation=META, deadline=soon())
+    assert built.status is StoreStatus.BUILT and built.lease is not None
+    built.lease.close()
+    assert manifest_value(store.layout.artifact_dir(identity.key))["digest_algorithm"] == algorithm.value
+
+    intact = store.lookup(identity, validation=META)
+    assert intact.lease is not None and intact.lease.verification is not None
+    assert intact.lease.verification.wait(WAIT_S)
+    assert intact.lease.verification.state is VerificationState.VERIFIED
+    intact.lease.close()
+
+    os.unlink(store.layout.verified_marker(identity.key))
+    flip_payload_byte(store)
+    tampered = store.lookup(identity, validation=META)
+    assert tampered.lease is not None and tampered.lease.verification is not None
+    assert tampered.lease.verification.wait(WAIT_S)
+    assert tampered.lease.verification.state is VerificationState.DENIED
+    tampered.lease.close()
+    assert store.lookup(identity, validation=META).status is not StoreStatus.HIT

@@ -4,6 +4,7 @@ The first worker publishes a model's final-layout tensors; every later worker on
 node gets a validated lease of memory-mapped CPU tensors that share the same pages.
 """
 
+from ._digest import DigestAlgorithm
 from .canonical_json import CanonicalJson
 from .config import CapacityPolicy, HostWeightRuntimeConfig, RuntimeMode, StorageClass, default_root
 from .failures import FailureCode, HostWeightError, HostWeightFailure, HostWeightUsageError, ResolutionStage
@@ -98,6 +99,7 @@ __all__ = [
     "BuildRequest",
     "CanonicalJson",
     "CapacityPolicy",
+    "DigestAlgorithm",
     "CleanupResult",
     "CleanupStatus",
     "ComponentIdentity",

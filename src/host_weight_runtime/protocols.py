@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from ._digest import DEFAULT_DIGEST_ALGORITHM, DigestAlgorithm
 from .canonical_json import CanonicalJson
 from .identity import WeightArtifactIdentity
 from .tensors import TensorKind, ValidationLevel, dtype_itemsize, numel_of
@@ -134,13 +135,25 @@ class ProductionMetadata:
 
 @dataclass(frozen=True, slots=True)
 class WeightProductionSpec:
-    """What a producer makes, when it may run and who must cooperate."""
+    """What a producer makes, when it may run and who must cooperate.
+
+    `digest_algorithm` is how the store digests the payloads (recorded in the manifest). It is
+    part of the producer's ABI: a producer that changes it must change its identity (for
+    example its manifest schema), so that artifacts of either format never share a key.
+    """
 
     producer_id: str
     outputs: tuple[WeightArtifactIdentity, ...]
     source_mode: ProductionSourceMode
     lookup_phase: LookupPhase = LookupPhase.PRE_LOAD_SAFE
     coordination_scope: CoordinationScope = CoordinationScope.SINGLE_PROCESS
+    digest_algorithm: DigestAlgorithm = DEFAULT_DIGEST_ALGORITHM
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.digest_algorithm, DigestAlgorithm):
+            raise ValueError(
+                f"WeightProductionSpec.digest_algorithm must be a DigestAlgorithm, got {self.digest_algorithm!r}"
+            )
 
 
 @runtime_checkable

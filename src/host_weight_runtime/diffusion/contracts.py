@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from .._digest import DEFAULT_DIGEST_ALGORITHM, DigestAlgorithm
 from .._strict import require_int_field, require_str_field
 from ..canonical_json import CanonicalJson, JsonValue
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage
@@ -41,7 +42,7 @@ __all__ = [
 FINAL_LAYOUT_BF16_REPRESENTATION = "final-layout-bf16"
 FINAL_LAYOUT_BF16_PRODUCER_ID = "host_weight_runtime.diffusion.final_layout_bf16"
 FINAL_LAYOUT_BF16_VERSION = "1"
-FINAL_LAYOUT_BF16_MANIFEST_SCHEMA = "final-layout-bf16-manifest-v1"
+FINAL_LAYOUT_BF16_MANIFEST_SCHEMA = "final-layout-bf16-manifest-v2"  # v2: blake3-tree-v1 payload digests
 FINAL_LAYOUT_TENSOR_RESTORER_SCHEMA = "final-layout-tensor-restorer-v1"
 FINAL_LAYOUT_TENSOR_MODEL_CONTRACT_SCHEMA = "final-layout-tensor-model-contract-v1"
 
@@ -214,6 +215,7 @@ class FinalLayoutArtifactSpec:
     component_ownership: str = "complete-final-layout-tensors"
     layout_name: str = "diffusion-final-module-layout-v1"
     model_contract_schema: str = FINAL_LAYOUT_TENSOR_MODEL_CONTRACT_SCHEMA
+    digest_algorithm: DigestAlgorithm = DEFAULT_DIGEST_ALGORITHM
 
     def __post_init__(self) -> None:
         if not isinstance(self.representation, WeightRepresentation):
@@ -229,6 +231,16 @@ class FinalLayoutArtifactSpec:
             )
         for name in ("component_name", "component_ownership", "layout_name", "model_contract_schema"):
             require_str_field(getattr(self, name), f"FinalLayoutArtifactSpec.{name}")
+        if not isinstance(self.digest_algorithm, DigestAlgorithm):
+            raise ValueError("FinalLayoutArtifactSpec.digest_algorithm must be a DigestAlgorithm")
+        abi = self.implementation_abi.to_value()
+        declared = abi.get("payload_digest", DEFAULT_DIGEST_ALGORITHM.value) if isinstance(abi, dict) else None
+        if declared != self.digest_algorithm.value:
+            # The key commits to the ABI document, so it must name the digest: two formats never share a key.
+            raise ValueError(
+                f"the ABI document's payload_digest {declared!r} differs from digest_algorithm "
+                f"{self.digest_algorithm.value!r}; declare it in the ABI document and bump the version"
+            )
 
 
 ModelValidator = Callable[[torch.nn.Module], None]
@@ -309,6 +321,7 @@ _BF16_IMPLEMENTATION_ABI = CanonicalJson.from_value(
         "restore": "zero-copy binding of parameters (requires_grad kept) and buffers to lease tensors",
         "manifest_schema": FINAL_LAYOUT_BF16_MANIFEST_SCHEMA,
         "restorer_schema": FINAL_LAYOUT_TENSOR_RESTORER_SCHEMA,
+        "payload_digest": DigestAlgorithm.BLAKE3_TREE_V1.value,
     }
 )
 
@@ -373,6 +386,7 @@ FINAL_LAYOUT_BF16_SPEC = FinalLayoutArtifactSpec(
         restorer_schema=FINAL_LAYOUT_TENSOR_RESTORER_SCHEMA,
     ),
     implementation_abi=_BF16_IMPLEMENTATION_ABI,
+    digest_algorithm=DigestAlgorithm.BLAKE3_TREE_V1,
 )
 
 FINAL_LAYOUT_BF16_POLICY = FinalLayoutBF16Policy()

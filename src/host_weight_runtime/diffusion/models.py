@@ -37,6 +37,21 @@ def is_diffusers_model(model_type: type[object]) -> bool:
     )
 
 
+def _weight_scale(module: torch.nn.Module) -> object:
+    """`getattr(module, "weight_scale", None)` without the AttributeError that nn.Module raises for
+    every module lacking it (a thousand exceptions per Flux restore): look only where getattr would."""
+    name = "weight_scale"
+    if (
+        name in module.__dict__
+        or name in module._parameters
+        or name in module._buffers
+        or name in module._modules
+        or hasattr(type(module), name)
+    ):
+        return getattr(module, name, None)
+    return None
+
+
 def _require_ready(model: torch.nn.Module, keep_in_fp32_modules: tuple[str, ...]) -> None:
     """Every tensor is materialized on the host; floating parameters follow the BF16 policy; eval mode.
 
@@ -49,9 +64,7 @@ def _require_ready(model: torch.nn.Module, keep_in_fp32_modules: tuple[str, ...]
         if tensor.is_meta:
             raise ModelNotReadyError(f"{name} is still on the meta device; the model was not fully restored")
     quantized = {  # FP8 representation: an FP8Linear's weight is float8_e4m3fn next to its FP32 weight_scale
-        f"{name}.weight"
-        for name, module in model.named_modules()
-        if isinstance(getattr(module, "weight_scale", None), torch.Tensor)
+        f"{name}.weight" for name, module in model.named_modules() if isinstance(_weight_scale(module), torch.Tensor)
     }
     for name, parameter in model.named_parameters(remove_duplicate=False):
         if not parameter.dtype.is_floating_point or (name in quantized and parameter.dtype == torch.float8_e4m3fn):

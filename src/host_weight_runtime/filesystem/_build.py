@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from .. import _telemetry
-from .._digest import DIGEST_ALGORITHM, content_digest
+from .._digest import DigestAlgorithm, content_digest
 from .._faults import fault_point
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
 from ..identity import WeightArtifactIdentity
@@ -202,6 +202,7 @@ class ArtifactBuilder:
             staging,
             reserve=reserve,
             hash_threads=self._hash_threads,
+            digest_algorithm=producer.spec.digest_algorithm,
             reservation_guard=lambda: self._capacity.reservation(deadline),
         )
         try:
@@ -251,7 +252,7 @@ class ArtifactBuilder:
                 raise BuildFailedError(exc.failure) from exc
         finally:
             writer.abort()
-        return _compose_manifest(identity, metadata, files, writer.chunk_bytes)
+        return _compose_manifest(identity, metadata, files, writer.chunk_bytes, writer.digest_algorithm)
 
     def _quarantine_published(self, key: str, *, deadline: float) -> HostWeightFailure | None:
         """Move a denied or invalid artifact to quarantine/ under the exclusive artifact lock."""
@@ -283,6 +284,7 @@ def _compose_manifest(
     metadata: ProductionMetadata,
     files: tuple[WrittenFile, ...],
     chunk_bytes: int,
+    algorithm: DigestAlgorithm,
 ) -> WeightManifest:
     """The manifest of a finished build: the producer's metadata and every written file's digests."""
     tensors = tuple(entry for written in files for entry in written.tensors)
@@ -291,7 +293,7 @@ def _compose_manifest(
         producer_schema=metadata.producer_schema,
         restorer_schema=metadata.restorer_schema,
         format_metadata=metadata.format_metadata,
-        digest_algorithm=DIGEST_ALGORITHM,
+        digest_algorithm=algorithm.value,
         digest_chunk_bytes=chunk_bytes,
         files=tuple(written.manifest_entry() for written in files),
         tensors=tensors,

@@ -176,14 +176,19 @@ class BundleBuilder:
                 stagings[output.key] = staging
                 writers[output.key] = (
                     output,
-                    StagingArtifactWriter(staging, reserve=reserve, hash_threads=self._hash_threads),
+                    StagingArtifactWriter(
+                        staging,
+                        reserve=reserve,
+                        hash_threads=self._hash_threads,
+                        digest_algorithm=producer.spec.digest_algorithm,
+                    ),
                 )
             fault_point("bundle.staging_created")
             metadata = self._run(producer, writers)
             sealed = []
             for key, (output, writer) in writers.items():
                 files = writer.finish()
-                manifest = _compose_manifest(output, metadata[key], files, writer.chunk_bytes)
+                manifest = _compose_manifest(output, metadata[key], files, writer.chunk_bytes, writer.digest_algorithm)
                 sealed.append((output, manifest, seal(stagings[key], manifest)))
             result: StoreResult | None = None
             for output, manifest, marker in sealed:

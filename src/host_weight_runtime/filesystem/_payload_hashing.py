@@ -9,7 +9,15 @@ import mmap
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from .._digest import chunk_digest, combine_chunk_digests, file_digest, tree_digest, tree_digests_parallel
+from .._digest import (
+    DEFAULT_DIGEST_ALGORITHM,
+    DigestAlgorithm,
+    chunk_digest,
+    combine_chunk_digests,
+    file_digest,
+    tree_digest,
+    tree_digests_parallel,
+)
 from .._faults import fault_point
 from ._safetensors_layout import FileLayout, Placement
 from ._write_failures import os_failed
@@ -17,18 +25,20 @@ from ._write_failures import os_failed
 __all__ = ["PayloadHasher", "hash_file_range"]
 
 
-def hash_file_range(fd: int, offset: int, length: int) -> bytes:
+def hash_file_range(
+    fd: int, offset: int, length: int, algorithm: DigestAlgorithm = DEFAULT_DIGEST_ALGORITHM
+) -> bytes:
     """The chunk digest of `length` bytes at `offset` of a written file, through a mapping of just those bytes."""
     fault_point("writer.hash")
     if length == 0:
-        return chunk_digest(memoryview(b""))
+        return chunk_digest(memoryview(b""), algorithm)
     aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
     with (
         mmap.mmap(fd, offset - aligned + length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=aligned) as mapping,
         memoryview(mapping) as whole,
         whole[offset - aligned :] as piece,
     ):
-        return chunk_digest(piece)
+        return chunk_digest(piece, algorithm)
 
 
 class PayloadHasher:
@@ -38,7 +48,7 @@ class PayloadHasher:
     writer's descriptor, so `drain()` must run before that descriptor is closed.
     """
 
-    __slots__ = ("_chunk_bytes", "_executor", "_fd", "_hash_threads", "_layout", "_name", "_queued")
+    __slots__ = ("_algorithm", "_chunk_bytes", "_executor", "_fd", "_hash_threads", "_layout", "_name", "_queued")
 
     def __init__(
         self,
@@ -47,6 +57,7 @@ class PayloadHasher:
         layout: FileLayout,
         *,
         chunk_bytes: int,
+        algorithm: DigestAlgorithm = DEFAULT_DIGEST_ALGORITHM,
         hash_threads: int | None,
         executor: Callable[[], ThreadPoolExecutor],
     ) -> None:
@@ -54,6 +65,7 @@ class PayloadHasher:
         self._name = name
         self._layout = layout
         self._chunk_bytes = chunk_bytes
+        self._algorithm = algorithm
         self._hash_threads = hash_threads
         self._executor = executor
         self._queued: dict[str, list[Future[bytes]]] = {}  # ordered files: chunk hashes by tensor name
@@ -74,7 +86,8 @@ class PayloadHasher:
         pool = self._executor()
         starts = range(begin, begin + length, chunk_bytes) if length else range(begin, begin + 1)
         self._queued[name] = [
-            pool.submit(hash_file_range, self._fd, start, min(chunk_bytes, begin + length - start)) for start in starts
+            pool.submit(hash_file_range, self._fd, start, min(chunk_bytes, begin + length - start), self._algorithm)
+            for start in starts
         ]
 
     def drain(self) -> None:
@@ -94,14 +107,14 @@ class PayloadHasher:
             for placement in self._layout.placements:
                 self.hash_behind(placement)  # a tensor with no bytes was never written, so never queued
                 chunk_results = [future.result() for future in self._queued[placement.spec.name]]
-                digests.append(combine_chunk_digests(placement.end - placement.begin, chunk_results))
+                digests.append(combine_chunk_digests(placement.end - placement.begin, chunk_results, self._algorithm))
         finally:
             self.drain()
         return digests
 
     def file_digest(self, tensor_digests: list[str]) -> str:
         """The file's digest: its header bytes and its tensors' digests together."""
-        return file_digest(tree_digest(self._layout.header, self._chunk_bytes), tensor_digests)
+        return file_digest(tree_digest(self._layout.header, self._chunk_bytes, self._algorithm), tensor_digests)
 
     def _hash_from_file(self) -> list[str]:
         """Hash every tensor from the file itself, chunks spread over the hash threads."""
@@ -115,7 +128,9 @@ class PayloadHasher:
             whole = memoryview(mapping)
             views = [whole[header_size + p.begin : header_size + p.end] for p in self._layout.placements]
             try:
-                return tree_digests_parallel(views, chunk_bytes=self._chunk_bytes, threads=self._hash_threads)
+                return tree_digests_parallel(
+                    views, chunk_bytes=self._chunk_bytes, threads=self._hash_threads, algorithm=self._algorithm
+                )
             finally:
                 for view in views:
                     view.release()

@@ -137,6 +137,7 @@ class StagingTensorFileWriter:
             name,
             layout,
             chunk_bytes=owner.chunk_bytes,
+            algorithm=owner.digest_algorithm,
             hash_threads=owner.hash_threads,
             executor=owner._executor,
         )

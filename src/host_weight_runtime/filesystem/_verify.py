@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .. import _telemetry
-from .._digest import TreeHasher, file_digest
+from .._digest import DigestAlgorithm, TreeHasher, file_digest
 from .._faults import fault_point
 from .._strict import get_int, get_str, require_exact_keys, require_object
 from ..canonical_json import decode_json, encode_canonical
@@ -381,7 +381,7 @@ class BackgroundVerification:
     def _digest_range(self, fd: int, offset: int, length: int, name: str) -> str:
         """Tree digest of `length` bytes at `offset`, read chunk by chunk (a short read means truncation)."""
         chunk_bytes = self._manifest.digest_chunk_bytes
-        hasher = TreeHasher(chunk_bytes)
+        hasher = TreeHasher(chunk_bytes, DigestAlgorithm.from_name(self._manifest.digest_algorithm))
         position, end = offset, offset + length
         while position < end:
             if self._stop.is_set():

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._digest import DIGEST_ALGORITHM, content_digest, file_digest, tree_digests_parallel
+from .._digest import DigestAlgorithm, content_digest, file_digest, tree_digests_parallel
 from .._faults import fault_point
 from ..canonical_json import decode_json
 from ..failures import FailureCode, HostWeightFailure, ResolutionStage, failure
@@ -261,8 +261,11 @@ def _parse_marker_and_manifest(
             f"manifest schemas ({manifest.producer_schema}, {manifest.restorer_schema}) differ from the identity's "
             f"({expected.manifest_schema}, {expected.restorer_schema})",
         )
-    if manifest.digest_algorithm != DIGEST_ALGORITHM:
-        raise _invalid(FailureCode.MANIFEST_INCOMPATIBLE, f"unknown digest algorithm {manifest.digest_algorithm!r}")
+    try:
+        DigestAlgorithm.from_name(manifest.digest_algorithm)
+    except ValueError:
+        problem = f"unknown digest algorithm {manifest.digest_algorithm!r}"
+        raise _invalid(FailureCode.MANIFEST_INCOMPATIBLE, problem) from None
     if marker.content_digest != manifest.content_digest:
         raise _invalid(FailureCode.MANIFEST_INVALID, "READY.json and manifest.json disagree on the content digest")
     return marker, manifest
@@ -437,7 +440,11 @@ def _verify_checksums(
             labels.append((payload.entry.name, name))
     try:
         digests = tree_digests_parallel(
-            buffers, chunk_bytes=manifest.digest_chunk_bytes, threads=hash_threads, progress=progress
+            buffers,
+            chunk_bytes=manifest.digest_chunk_bytes,
+            threads=hash_threads,
+            progress=progress,
+            algorithm=DigestAlgorithm.from_name(manifest.digest_algorithm),
         )
     finally:
         for buffer in buffers:

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from .._digest import DIGEST_CHUNK_BYTES, default_hash_threads
+from .._digest import DEFAULT_DIGEST_ALGORITHM, DIGEST_CHUNK_BYTES, DigestAlgorithm, default_hash_threads
 from .._faults import fault_point
 from ..failures import HostWeightError, HostWeightFailure
 from ..manifest import validate_file_name
@@ -56,6 +56,7 @@ class StagingArtifactWriter:
         "_aborted",
         "_bytes_reserved",
         "_chunk_bytes",
+        "_digest_algorithm",
         "_failure",
         "_file_names",
         "_files",
@@ -76,17 +77,21 @@ class StagingArtifactWriter:
         reserve: Callable[[int], None],
         chunk_bytes: int = DIGEST_CHUNK_BYTES,
         hash_threads: int | None = None,
+        digest_algorithm: DigestAlgorithm = DEFAULT_DIGEST_ALGORITHM,
         reservation_guard: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         if type(chunk_bytes) is not int or chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
         if hash_threads is not None and (type(hash_threads) is not int or hash_threads < 1):
             raise ValueError(f"hash_threads must be None or a positive int, got {hash_threads!r}")
+        if not isinstance(digest_algorithm, DigestAlgorithm):
+            raise ValueError(f"digest_algorithm must be a DigestAlgorithm, got {digest_algorithm!r}")
         self._staging_dir = Path(staging_dir)
         self._reserve = reserve
         self._reservation_guard = reservation_guard
         self._chunk_bytes = chunk_bytes
         self._hash_threads = hash_threads
+        self._digest_algorithm = digest_algorithm
         self._lock = threading.Lock()
         self._failure: HostWeightFailure | None = None
         self._bytes_reserved = 0
@@ -121,6 +126,27 @@ class StagingArtifactWriter:
     def chunk_bytes(self) -> int:
         """The digest chunk size; the manifest must record it as `digest_chunk_bytes`."""
         return self._chunk_bytes
+
+    @property
+    def digest_algorithm(self) -> DigestAlgorithm:
+        """How payload bytes are digested; the manifest must record it as `digest_algorithm`."""
+        return self._digest_algorithm
+
+    def adopt_digest_algorithm(self, algorithm: DigestAlgorithm) -> None:
+        """Digest with `algorithm` instead: an import reproduces the digests its source manifest recorded.
+
+        Only before the first payload file is opened, so every file of an artifact uses one algorithm.
+        """
+        self._guarded(lambda: self._adopt(algorithm))
+
+    def _adopt(self, algorithm: DigestAlgorithm) -> None:
+        self._check_open()
+        if not isinstance(algorithm, DigestAlgorithm):
+            raise producer_failed(f"digest algorithm must be a DigestAlgorithm, got {algorithm!r}")
+        with self._lock:
+            if self._file_names and algorithm is not self._digest_algorithm:
+                raise producer_failed("the digest algorithm can only change before the first payload file is opened")
+            self._digest_algorithm = algorithm
 
     @property
     def hash_threads(self) -> int | None:

@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .._digest import DIGEST_ALGORITHM, TreeHasher
+from .._digest import DEFAULT_DIGEST_ALGORITHM, DigestAlgorithm, TreeHasher
 from .._faults import fault_point
 from ..canonical_json import JsonValue
 from ..failures import HostWeightError
@@ -310,11 +310,25 @@ class FsspecArtifactProvider:
                 f"it was hashed in {manifest.digest_chunk_bytes}-byte chunks but this store hashes in "
                 f"{writer_chunk}-byte chunks, so its digests cannot be reproduced here",
             )
+        algorithm = DigestAlgorithm.from_name(manifest.digest_algorithm)
+        adopt = getattr(writer, "adopt_digest_algorithm", None)
+        if callable(adopt):
+            adopt(algorithm)
+        elif algorithm is not DEFAULT_DIGEST_ALGORITHM:
+            raise self._content_failure(
+                key, f"it was digested with {algorithm.value} and this store's writer cannot reproduce that"
+            )
         by_file = self._layout_by_file(key, manifest)
         with ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix="hwr-remote") as pool:
             for file in manifest.files:
                 self._fetch_file(
-                    key, file, by_file[file.name], writer, pool=pool, digest_chunk_bytes=manifest.digest_chunk_bytes
+                    key,
+                    file,
+                    by_file[file.name],
+                    writer,
+                    pool=pool,
+                    digest_chunk_bytes=manifest.digest_chunk_bytes,
+                    algorithm=algorithm,
                 )
         return ProductionMetadata(
             producer_schema=manifest.producer_schema,
@@ -342,10 +356,10 @@ class FsspecArtifactProvider:
             raise self._content_failure(key, "its manifest is for another identity than the one requested")
         if manifest.content_digest != descriptor.content_sha256:
             raise self._content_failure(key, "its manifest's content digest differs from the descriptor's")
-        if manifest.digest_algorithm != DIGEST_ALGORITHM:
-            raise self._content_failure(
-                key, f"its manifest uses digest {manifest.digest_algorithm!r}; this version reads {DIGEST_ALGORITHM!r}"
-            )
+        try:
+            DigestAlgorithm.from_name(manifest.digest_algorithm)
+        except ValueError as exc:
+            raise self._content_failure(key, f"its manifest cannot be verified here: {exc}") from None
         promised = tuple((item.name, item.size) for item in record.files)
         if tuple((entry.name, entry.size) for entry in manifest.files) != promised:
             raise self._content_failure(key, "the manifest's files and sizes differ from the descriptor's")
@@ -390,6 +404,7 @@ class FsspecArtifactProvider:
         *,
         pool: ThreadPoolExecutor,
         digest_chunk_bytes: int,
+        algorithm: DigestAlgorithm,
     ) -> None:
         specs = tuple(_spec_of(entry) for entry in tensors)
         file_writer = writer.open_tensor_file(file.name, specs, ordered=True)
@@ -407,7 +422,7 @@ class FsspecArtifactProvider:
                     else:
                         file_writer.write_rows(write.spec.name, write.start_row, tensor)
                     if not staging:
-                        hasher = hashers.setdefault(write.spec.name, TreeHasher(digest_chunk_bytes))
+                        hasher = hashers.setdefault(write.spec.name, TreeHasher(digest_chunk_bytes, algorithm))
                         hasher.update(memoryview(buffer)[write.offset : write.offset + write.nbytes])
         file_writer.close()
         if staging:

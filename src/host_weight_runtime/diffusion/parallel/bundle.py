@@ -57,6 +57,7 @@ class FinalLayoutBF16BundleProducer:
             source_mode=ProductionSourceMode.CHECKPOINT_STREAM,
             lookup_phase=LookupPhase.PRE_LOAD_SAFE,
             coordination_scope=CoordinationScope.ARTIFACT_BUNDLE,
+            digest_algorithm=contexts[0].spec.digest_algorithm,
         )
         self.bytes_read = 0
         """Checkpoint bytes read by the last bundle; tests use it to show each tensor is read once."""

@@ -18,7 +18,7 @@ import torch
 from ...canonical_json import decode_json
 from ...tensors import dtype_from_code
 
-__all__ = ["CheckpointTensor", "read_column_ranges", "read_rows", "read_safetensors_header"]
+__all__ = ["CheckpointTensor", "ScratchBuffer", "read_column_ranges", "read_rows", "read_safetensors_header"]
 
 _MAX_HEADER_BYTES = 100 * 2**20
 
@@ -83,25 +83,59 @@ def read_safetensors_header(path: Path) -> dict[str, CheckpointTensor]:
     return found
 
 
-def read_rows(fd: int, tensor: CheckpointTensor, start_row: int, stop_row: int) -> torch.Tensor:
-    """Rows [start_row, stop_row) of a tensor, read with pread into a fresh buffer."""
+def read_rows(
+    fd: int, tensor: CheckpointTensor, start_row: int, stop_row: int, scratch: ScratchBuffer | None = None
+) -> torch.Tensor:
+    """Rows [start_row, stop_row) of a tensor, read with pread into a fresh buffer (or into `scratch`'s)."""
     if not tensor.shape:
         offset, length, shape = tensor.begin, tensor.end - tensor.begin, tensor.shape
     else:
         offset = tensor.begin + start_row * tensor.row_bytes
         length = (stop_row - start_row) * tensor.row_bytes
         shape = (stop_row - start_row, *tensor.shape[1:])
-    buffer = bytearray(length)
-    view = memoryview(buffer)
+    if length == 0:
+        return torch.empty(shape, dtype=tensor.dtype)
+    if scratch is not None:
+        target = scratch.take(length)
+        view = target.numpy().data.cast("B")
+    else:
+        target = None
+        buffer = bytearray(length)
+        view = memoryview(buffer)
     done = 0
     while done < length:
         got = os.preadv(fd, [view[done:]], offset + done)
         if got == 0:
             raise CheckpointFormatError(f"{tensor.path} ended while reading tensor {tensor.key!r}")
         done += got
-    if length == 0:
-        return torch.empty(shape, dtype=tensor.dtype)
+    if target is not None:
+        return target.view(tensor.dtype).reshape(shape)
     return torch.frombuffer(buffer, dtype=tensor.dtype).reshape(shape)
+
+
+class ScratchBuffer:
+    """One reusable byte buffer, grown to the largest request: a stream of chunks that are each written
+    (and so no longer needed) before the next is read allocates and page-faults its memory only once."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = torch.empty(0, dtype=torch.uint8)
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """The first `nbytes` bytes as a flat uint8 tensor; invalidates what an earlier `take` returned."""
+        if self._buffer.numel() < nbytes:
+            self._buffer = torch.empty(0, dtype=torch.uint8)  # free the old one before the larger one
+            self._buffer = torch.empty(nbytes, dtype=torch.uint8)
+        return self._buffer[:nbytes]
+
+    def cast(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`rows.to(dtype)` into this buffer (the same rounding: `to` is an empty tensor plus `copy_`)."""
+        if rows.dtype == dtype:
+            return rows
+        out = self.take(rows.numel() * dtype.itemsize).view(dtype).reshape(rows.shape)
+        out.copy_(rows)
+        return out
 
 
 def _pread_exact(fd: int, view: memoryview, offset: int, tensor: CheckpointTensor) -> None:

@@ -23,6 +23,7 @@ from ..tensor_layout import FinalLayoutTensor
 from ._checkpoint import (
     CheckpointFormatError,
     CheckpointTensor,
+    ScratchBuffer,
     read_column_ranges,
     read_rows,
     read_safetensors_header,
@@ -55,6 +56,7 @@ class FinalLayoutBF16CheckpointProducer:
             outputs=(context.identity,),
             source_mode=ProductionSourceMode.CHECKPOINT_STREAM,
             lookup_phase=LookupPhase.PRE_LOAD_SAFE,
+            digest_algorithm=context.spec.digest_algorithm,
         )
         self.largest_chunk_bytes = 0
         """The largest row chunk read so far (source bytes); tests use it to show memory stays bounded."""
@@ -120,6 +122,9 @@ class FinalLayoutBF16CheckpointProducer:
                     tensor=tensor.name,
                 )
         descriptors: dict[str, int] = {}
+        # Each chunk is written (pwrite returns, the writer hashes the file) before the next is read,
+        # so two buffers serve the whole stream: no fresh allocation and page faults per chunk.
+        read_buffer, cast_buffer = ScratchBuffer(), ScratchBuffer()
         try:
 
             def write_one(file_writer: TensorFileWriter, tensor: FinalLayoutTensor) -> None:
@@ -139,8 +144,8 @@ class FinalLayoutBF16CheckpointProducer:
                     return
                 for start, stop in row_chunks(entry, self._chunk_bytes):
                     self.largest_chunk_bytes = max(self.largest_chunk_bytes, (stop - start) * entry.row_bytes)
-                    rows = read_rows(fd, entry, start, stop)
-                    file_writer.write_rows(tensor.name, start, rows.to(tensor.dtype))
+                    rows = read_rows(fd, entry, start, stop, read_buffer)
+                    file_writer.write_rows(tensor.name, start, cast_buffer.cast(rows, tensor.dtype))
 
             write_all(writer, context, self._shard_bytes, write_one, self._progress)
         except CheckpointFormatError as exc:

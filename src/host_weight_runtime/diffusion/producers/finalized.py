@@ -44,6 +44,7 @@ class FinalLayoutBF16Producer:
             outputs=(context.identity,),
             source_mode=ProductionSourceMode.FINALIZED_MODEL,
             lookup_phase=LookupPhase.POST_LOAD_ONLY,
+            digest_algorithm=context.spec.digest_algorithm,
         )
 
     @property

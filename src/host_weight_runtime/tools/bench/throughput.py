@@ -3,7 +3,8 @@
 Publication (`get_or_build` with a streaming producer: write, hash, manifest, READY,
 fsyncs, rename) runs next to a raw `pwrite` + `fsync` of exactly the payload bytes to
 the same filesystem; FULL_CHECKSUM verification runs next to single-thread SHA-256 of
-the same payload files. Raw and store runs alternate which goes first.
+the same payload files. The artifact is digested as the BF16 final-layout artifacts are
+(`blake3-tree-v1`, docs/DIGEST.md). Raw and store runs alternate which goes first.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from host_weight_runtime import (
     ArtifactWriter,
     BuildRequest,
     ComponentIdentity,
+    DigestAlgorithm,
     FilesystemHostWeightStore,
     LookupPhase,
     ProducerIdentity,
@@ -46,7 +48,7 @@ __all__ = ["ThroughputSamples", "measure_throughput"]
 
 _TENSOR_BYTES = 16 << 20
 _FILES = 2
-_MANIFEST_SCHEMA = "bench-manifest-v1"
+_MANIFEST_SCHEMA = "bench-manifest"  # + the digest algorithm's name: each format has its own keys
 _RESTORER_SCHEMA = "bench-restorer-v1"
 
 
@@ -61,7 +63,7 @@ class ThroughputSamples:
     full_checksum_s: tuple[float, ...]
 
 
-def _identity(payload_bytes: int, run: int) -> WeightArtifactIdentity:
+def _identity(payload_bytes: int, run: int, algorithm: DigestAlgorithm) -> WeightArtifactIdentity:
     return WeightArtifactIdentity(
         schema_version=IDENTITY_SCHEMA_VERSION,
         source=WeightSourceIdentity(
@@ -75,7 +77,7 @@ def _identity(payload_bytes: int, run: int) -> WeightArtifactIdentity:
             producer_id="bench-throughput",
             version="1",
             implementation_fingerprint="1" * 64,
-            manifest_schema=_MANIFEST_SCHEMA,
+            manifest_schema=f"{_MANIFEST_SCHEMA}-{algorithm.value}",
             restorer_schema=_RESTORER_SCHEMA,
         ),
     )
@@ -96,13 +98,16 @@ def _tensors(payload_bytes: int) -> dict[str, torch.Tensor]:
 class _Producer:
     """Writes pre-generated tensors through the store's writer, in the writer's layout order."""
 
-    def __init__(self, identity: WeightArtifactIdentity, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, identity: WeightArtifactIdentity, tensors: dict[str, torch.Tensor], algorithm: DigestAlgorithm
+    ) -> None:
         self._tensors = tensors
         self._spec = WeightProductionSpec(
             producer_id="bench-throughput",
             outputs=(identity,),
             source_mode=ProductionSourceMode.CHECKPOINT_STREAM,
             lookup_phase=LookupPhase.PRE_LOAD_SAFE,
+            digest_algorithm=algorithm,
         )
 
     @property
@@ -118,7 +123,7 @@ class _Producer:
             for spec in getattr(file_writer, "layout", specs):
                 file_writer.write_tensor(spec.name, self._tensors[spec.name])
             file_writer.close()
-        return ProductionMetadata(_MANIFEST_SCHEMA, _RESTORER_SCHEMA)
+        return ProductionMetadata(self._spec.outputs[0].producer.manifest_schema, _RESTORER_SCHEMA)
 
 
 def _raw_write(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -150,7 +155,9 @@ def _timed(action: Callable[[], None]) -> float:
     return time.perf_counter() - started
 
 
-def measure_throughput(workdir: Path, payload_bytes: int, runs: int) -> ThroughputSamples:
+def measure_throughput(
+    workdir: Path, payload_bytes: int, runs: int, algorithm: DigestAlgorithm = DigestAlgorithm.BLAKE3_TREE_V1
+) -> ThroughputSamples:
     """Run each measurement `runs` times on a fresh domain under `workdir` (removed afterwards)."""
     tensors = _tensors(payload_bytes)
     total = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -162,12 +169,12 @@ def measure_throughput(workdir: Path, payload_bytes: int, runs: int) -> Throughp
         raw_s: list[float] = []
         publish_s: list[float] = []
         for run in range(runs):
-            identity = _identity(total, run)
+            identity = _identity(total, run, algorithm)
 
             def publish(identity: WeightArtifactIdentity = identity) -> None:
                 result = store.get_or_build(
                     BuildRequest(identity),
-                    _Producer(identity, tensors),
+                    _Producer(identity, tensors, algorithm),
                     validation=ValidationLevel.MANIFEST_AND_METADATA,
                     deadline=time.monotonic() + 600,
                 )
@@ -184,7 +191,7 @@ def measure_throughput(workdir: Path, payload_bytes: int, runs: int) -> Throughp
             publish_s.append(second_s if first is raw else first_s)
             if run:
                 store.cleanup(identity.key)
-        identity = _identity(total, 0)
+        identity = _identity(total, 0, algorithm)
         payload_files = sorted(store.layout.artifact_dir(identity.key).glob("*.safetensors"))
         sha_s: list[float] = []
         full_s: list[float] = []
