@@ -12,9 +12,8 @@ from typing import Any
 
 from host_weight_runtime._faults import Fault, FaultAction, arm
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
-from host_weight_runtime.diffusion import FINAL_LAYOUT_BF16_POLICY, FinalLayoutParallelIdentity
+from host_weight_runtime.diffusion import FINAL_LAYOUT_BF16_POLICY, FinalLayoutParallelIdentity, TensorParallelPlan
 from host_weight_runtime.diffusion.identity_adapter import FinalLayoutIdentityContext
-from host_weight_runtime.diffusion.parallel import TensorParallelPlan
 from host_weight_runtime.diffusion.parallel.bundle import FinalLayoutBF16BundleProducer
 from host_weight_runtime.diffusion.parallel.ranks import identify_ranks
 from host_weight_runtime.failures import HostWeightError

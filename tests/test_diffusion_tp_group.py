@@ -15,10 +15,13 @@ from typing import Any
 import pytest
 import torch
 
+from host_weight_runtime.config import RuntimeMode
+from host_weight_runtime.diffusion import prewarm_tensor_parallel
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
+from host_weight_runtime.outcomes import ResolutionOutcome
 from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
 
-from ._diffusion import Folder, save_folder
+from ._diffusion import DIT, Folder, runtime_at, save_folder
 from ._tp_children import group_child
 from .test_diffusion_tp import FLUX_TP4
 
@@ -177,3 +180,20 @@ def test_fp8_group_publishes_per_rank_then_hits_with_identical_forward(tmp_path:
     for before, after in zip(cold, warm, strict=True):
         assert torch.equal(before["output"], after["output"])
         torch.testing.assert_close(after["output"].float(), expected.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_prewarmed_ranks_hit_in_a_required_group_without_a_build(tmp_path: Path, flux: Folder) -> None:
+    """D05/D14: `prewarm_tensor_parallel` builds every rank's artifact in one pass with no process group (a
+    second call finds them all); a TP=2 group in REQUIRED without streaming then hits on every rank, under the
+    keys the prewarm reported, so an operator can prewarm a node before its ranks start."""
+    domain = tmp_path / "hwr"
+    runtime = runtime_at(domain, RuntimeMode.REQUIRED)
+    built = prewarm_tensor_parallel(flux.root, tensor_parallel_size=2, subfolder=DIT, runtime=runtime)
+    outcomes = [result.resolution.outcome for result in built]
+    assert outcomes == [ResolutionOutcome.LOCAL_PRODUCTION, ResolutionOutcome.LOCAL_HIT]  # rank 0's build made both
+    assert built[0].total_bytes == built[1].total_bytes and built[0].identity_key != built[1].identity_key
+    again = prewarm_tensor_parallel(flux.root, tensor_parallel_size=2, subfolder=DIT, runtime=runtime)
+    assert [result.resolution.outcome for result in again] == [ResolutionOutcome.LOCAL_HIT] * 2
+    (warm,) = run_group(tmp_path, flux, domain, 2, [{"mode": "required", "stream": False}])
+    assert [result["outcome"] for result in warm] == ["local_hit", "local_hit"]
+    assert [result["key"] for result in warm] == [result.identity_key for result in built]

@@ -13,10 +13,10 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...config import RuntimeMode
-from ...failures import FailureCode, HostWeightError
+from ...failures import FailureCode, HostWeightError, ResolutionStage, failure
 from ...lease import HostWeightLease
 from ...outcomes import ResolutionOutcome
 from ...runtime import HostWeightRuntime
@@ -31,7 +31,10 @@ from .cohort import CohortStatus, TorchCohort, cohort_failure
 from .plan import localize_module, plan_for_model, resolve_tensor_shards
 from .ranks import identify_ranks
 
-__all__ = ["load_tensor_parallel_component"]
+if TYPE_CHECKING:
+    from ..loader import PrewarmResult
+
+__all__ = ["load_tensor_parallel_component", "prewarm_tensor_parallel"]
 
 
 def _mesh(process_group: Any, size: int) -> Any:
@@ -206,6 +209,76 @@ def load_tensor_parallel_component(
             missing_ranks=missing,
         )
     return canonical(publish=True)
+
+
+def prewarm_tensor_parallel(
+    model_or_path: str | os.PathLike[str],
+    *,
+    tensor_parallel_size: int,
+    subfolder: str | None = None,
+    revision: str | None = None,
+    runtime: HostWeightRuntime | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> tuple[PrewarmResult, ...]:
+    """Build (or find) every TP rank's BF16 artifact in one pass over the checkpoint (ARTIFACT_BUNDLE).
+
+    Needs no process group: a node operator runs it once before the ranks start, and each
+    rank's `load_component(..., parallel=...)` then hits. Returns one result per rank, in
+    rank order. Runs in REQUIRED mode with local builds allowed, like `prewarm_component`:
+    a failure raises `HostWeightError`; a bad argument raises `HostWeightUsageError`.
+    """
+    from .._load_options import LoadOptions
+    from ..loader import PrewarmResult, _announce, _digest_cache, _prepare_skeleton, _required
+
+    if type(tensor_parallel_size) is not int or tensor_parallel_size < 2:
+        raise ValueError(f"tensor_parallel_size must be an int >= 2, got {tensor_parallel_size!r}")
+    required = _required(runtime if runtime is not None else HostWeightRuntime.from_env())
+    _announce(required)
+    skeleton = _prepare_skeleton(
+        model_or_path,
+        subfolder=subfolder,
+        revision=revision,
+        parallel=FinalLayoutParallelIdentity(tensor_parallel_size=tensor_parallel_size),
+        cache_dir=Path(cache_dir) if cache_dir is not None else None,
+        options=LoadOptions(),
+    )
+    if not skeleton.source.use_safetensors:
+        raise HostWeightError(
+            failure(
+                ResolutionStage.PRODUCTION,
+                FailureCode.PRODUCER_UNSUPPORTED,
+                f"{skeleton.source.model_or_path} has no safetensors weights; a bundle is streamed from safetensors "
+                "only. Load each rank once with load_component instead: that publishes after a canonical load",
+            )
+        )
+    contexts = identify_ranks(
+        skeleton.holder,
+        dit_name=skeleton.component_name,
+        skeleton=skeleton.skeleton,
+        prepared_sources=[skeleton.source],
+        request=skeleton.request,
+        policy=FINAL_LAYOUT_BF16_POLICY,
+        ranks=list(range(tensor_parallel_size)),
+        source_digest_cache=_digest_cache(required),
+        plan=plan_for_model(skeleton.skeleton),
+    )
+    producer = FinalLayoutBF16BundleProducer(contexts)
+    results: list[PrewarmResult] = []
+    for context in contexts:  # the first resolve builds every missing rank; the others then hit
+        resolution = required.resolve(context.identity, producer)
+        if resolution.lease is None:
+            assert resolution.report.failure is not None
+            raise HostWeightError(resolution.report.failure)
+        resolution.lease.close()
+        results.append(
+            PrewarmResult(
+                identity_key=context.identity.key,
+                resolution=resolution.report,
+                total_bytes=context.total_bytes,
+                tensor_count=len(context.tensors),
+            )
+        )
+    return tuple(results)
 
 
 def _single(context: FinalLayoutIdentityContext) -> FinalLayoutBF16CheckpointProducer:
