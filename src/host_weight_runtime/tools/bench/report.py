@@ -207,6 +207,8 @@ def _tensor_parallel_lines(tensor_parallel: dict[str, Any] | None) -> list[str]:
     """Per TP size: bundle build vs TP=1 publication, warm time to ready per rank and per group, replica PSS."""
     if not tensor_parallel:
         return []
+    if not tensor_parallel["sizes"]:
+        return ["", *(f"TP={size}: not measured ({why})" for size, why in tensor_parallel["unavailable"].items())]
     single = tensor_parallel["tp1_publication"]["seconds"]
     replicas = tensor_parallel["replicas"]
     lines = [

@@ -178,6 +178,7 @@ def measure_tensor_parallel(
 ) -> dict[str, JsonValue]:
     """Per TP size: bundle build vs TP=1 publication, per-rank and whole-group warm time to ready, and the
     weights' PSS of 2 replicas x N ranks next to the sum of the N shard artifacts."""
+    started = time.perf_counter()
     published: dict[int, tuple[PrewarmResult, ...]] = {}
     unavailable: dict[str, JsonValue] = {}
     for size in sizes:
@@ -194,7 +195,8 @@ def measure_tensor_parallel(
                 raise
             unavailable[str(size)] = exc.failure.message
     supported = sorted(published)
-    started = time.perf_counter()
+    if not supported:
+        return {"replicas": REPLICAS, "tp1_publication": None, "sizes": {}, "unavailable": unavailable}
     single, builds = _bundle_builds(setup, supported, runs, say)
     measured: dict[str, JsonValue] = {
         str(size): {**builds[size], **_measure_size(setup, size, published[size], runs, say)}
