@@ -20,7 +20,7 @@ from ...failures import FailureCode, HostWeightError, ResolutionStage, failure
 from ...lease import HostWeightLease
 from ...outcomes import ResolutionOutcome
 from ...runtime import HostWeightRuntime
-from ..contracts import FINAL_LAYOUT_BF16_POLICY, FinalLayoutParallelIdentity
+from ..contracts import FINAL_LAYOUT_BF16_POLICY, FinalLayoutParallelIdentity, FinalLayoutTensorPolicy
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..producers.checkpoint_stream import FinalLayoutBF16CheckpointProducer
 from ..producers.finalized import FinalLayoutBF16Producer
@@ -28,11 +28,11 @@ from ..restorer import FinalLayoutTensorRestorer
 from .apply import parallelize_localized
 from .bundle import FinalLayoutBF16BundleProducer
 from .cohort import CohortStatus, TorchCohort, cohort_failure
-from .plan import localize_module, plan_for_model, resolve_tensor_shards
+from .plan import TensorParallelPlan, localize_module, plan_for_model, resolve_tensor_shards
 from .ranks import identify_ranks
 
 if TYPE_CHECKING:
-    from ..loader import PrewarmResult
+    from ..loader import PrewarmResult, _Skeleton
 
 __all__ = ["load_tensor_parallel_component", "prewarm_tensor_parallel"]
 
@@ -75,7 +75,6 @@ def load_tensor_parallel_component(
         LoadedComponent,
         _anchor,
         _canonical,
-        _digest_cache,
         _prepare_skeleton,
         check_representation,
         quantize_model_fp8,
@@ -104,17 +103,8 @@ def load_tensor_parallel_component(
     plan = plan_for_model(skeleton.skeleton)  # on the plain skeleton: a registered plan keys on its class
     if fp8:
         quantize_model_fp8(skeleton.skeleton)
-    contexts = identify_ranks(
-        skeleton.holder,
-        dit_name=skeleton.component_name,
-        skeleton=skeleton.skeleton,
-        prepared_sources=[skeleton.source],
-        request=skeleton.request,
-        policy=FINAL_LAYOUT_FP8_POLICY if fp8 else FINAL_LAYOUT_BF16_POLICY,
-        ranks=list(range(size)),
-        source_digest_cache=_digest_cache(runtime),
-        plan=plan,
-    )
+    policy = FINAL_LAYOUT_FP8_POLICY if fp8 else FINAL_LAYOUT_BF16_POLICY
+    contexts = _identify_every_rank(skeleton, runtime, policy, plan)
     context = contexts[rank]
     lookup_runtime = HostWeightRuntime(replace(runtime.config, mode=RuntimeMode.PREFERRED))
     build_runtime = HostWeightRuntime(replace(runtime.config, mode=RuntimeMode.REQUIRED, allow_local_build=True))
@@ -228,7 +218,7 @@ def prewarm_tensor_parallel(
     a failure raises `HostWeightError`; a bad argument raises `HostWeightUsageError`.
     """
     from .._load_options import LoadOptions
-    from ..loader import PrewarmResult, _announce, _digest_cache, _prepare_skeleton, _required
+    from ..loader import PrewarmResult, _announce, _prepare_skeleton, _required
 
     if type(tensor_parallel_size) is not int or tensor_parallel_size < 2:
         raise ValueError(f"tensor_parallel_size must be an int >= 2, got {tensor_parallel_size!r}")
@@ -251,17 +241,7 @@ def prewarm_tensor_parallel(
                 "only. Load each rank once with load_component instead: that publishes after a canonical load",
             )
         )
-    contexts = identify_ranks(
-        skeleton.holder,
-        dit_name=skeleton.component_name,
-        skeleton=skeleton.skeleton,
-        prepared_sources=[skeleton.source],
-        request=skeleton.request,
-        policy=FINAL_LAYOUT_BF16_POLICY,
-        ranks=list(range(tensor_parallel_size)),
-        source_digest_cache=_digest_cache(required),
-        plan=plan_for_model(skeleton.skeleton),
-    )
+    contexts = _identify_every_rank(skeleton, required, FINAL_LAYOUT_BF16_POLICY, plan_for_model(skeleton.skeleton))
     producer = FinalLayoutBF16BundleProducer(contexts)
     results: list[PrewarmResult] = []
     for context in contexts:  # the first resolve builds every missing rank; the others then hit
@@ -279,6 +259,25 @@ def prewarm_tensor_parallel(
             )
         )
     return tuple(results)
+
+
+def _identify_every_rank(
+    skeleton: _Skeleton, runtime: HostWeightRuntime, policy: FinalLayoutTensorPolicy, plan: TensorParallelPlan
+) -> tuple[FinalLayoutIdentityContext, ...]:
+    """Every rank's identity context; the skeleton is localized to the (shared) per-rank shapes."""
+    from ..loader import _digest_cache
+
+    return identify_ranks(
+        skeleton.holder,
+        dit_name=skeleton.component_name,
+        skeleton=skeleton.skeleton,
+        prepared_sources=[skeleton.source],
+        request=skeleton.request,
+        policy=policy,
+        ranks=list(range(skeleton.request.parallel.tensor_parallel_size)),
+        source_digest_cache=_digest_cache(runtime),
+        plan=plan,
+    )
 
 
 def _single(context: FinalLayoutIdentityContext) -> FinalLayoutBF16CheckpointProducer:
