@@ -25,7 +25,7 @@ lint: setup
 demo: setup
 	$(BIN)/hwr demo
 
-# Every row side by side (about 19 minutes on 2 cores); `make bench-quick` takes about 3.5.
+# Every row side by side (about 19 minutes on 2 cores before the TP rows); `make bench-quick` takes about 4.5.
 bench: setup
 	$(BIN)/hwr bench
 

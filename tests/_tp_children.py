@@ -10,11 +10,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from host_weight_runtime._faults import Fault, FaultAction, arm
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
-from host_weight_runtime.diffusion import FINAL_LAYOUT_BF16_POLICY, FinalLayoutParallelIdentity
+from host_weight_runtime.diffusion import FINAL_LAYOUT_BF16_POLICY, FinalLayoutParallelIdentity, TensorParallelPlan
 from host_weight_runtime.diffusion.identity_adapter import FinalLayoutIdentityContext
-from host_weight_runtime.diffusion.parallel import TensorParallelPlan
 from host_weight_runtime.diffusion.parallel.bundle import FinalLayoutBF16BundleProducer
 from host_weight_runtime.diffusion.parallel.ranks import identify_ranks
 from host_weight_runtime.failures import HostWeightError
@@ -79,7 +80,11 @@ def group_child(rank: int, setup: dict[str, Any], report: Connection, control: C
         for step in steps:
             _arm_step(step.get("faults", {}).get(str(rank), []), report, control)
             runtime = HostWeightRuntime(
-                HostWeightRuntimeConfig(mode=RuntimeMode(step["mode"]), root=Path(domain_root), lock_timeout_s=float(step.get("lock_timeout_s", 120.0)))
+                HostWeightRuntimeConfig(
+                    mode=RuntimeMode(step["mode"]),
+                    root=Path(step.get("domain", domain_root)),
+                    lock_timeout_s=float(step.get("lock_timeout_s", 120.0)),
+                )
             )
             parallel = FinalLayoutParallelIdentity(tensor_parallel_size=world, tensor_parallel_rank=rank)
             try:
@@ -88,7 +93,7 @@ def group_child(rank: int, setup: dict[str, Any], report: Connection, control: C
                     subfolder=DIT,
                     runtime=runtime,
                     parallel=parallel,
-                    process_group=dist.group.WORLD,
+                    process_group=dist.group.WORLD if step.get("group", True) else None,
                     stream_on_miss=step.get("stream"),
                     representation=step.get("representation", "bf16"),
                 )
@@ -96,7 +101,8 @@ def group_child(rank: int, setup: dict[str, Any], report: Connection, control: C
                 report.send({"rank": rank, "failed": exc.failure.code.value})
                 continue
             model = loaded.model
-            output = run_forward("flux", model, forward_inputs("flux", model, seed=5))
+            kind = setup.get("kind", "flux")
+            output = run_forward(kind, model, forward_inputs(kind, model, seed=5))
             report.send(
                 {
                     "rank": rank,
@@ -104,11 +110,27 @@ def group_child(rank: int, setup: dict[str, Any], report: Connection, control: C
                     "outcome": None if loaded.outcome is None else loaded.outcome.value,
                     "key": loaded.identity_key,
                     "output": output.detach().float().numpy(),  # numpy pickles by value (BF16 -> FP32 is exact)
+                    "fp8": _fp8_bits(model) if step.get("fp8_bits") else None,
                 }
             )
             loaded.close()
     finally:
         dist.destroy_process_group()
+
+
+def _fp8_bits(model: Any) -> dict[str, tuple[Any, float]]:
+    """Module name -> (this rank's local FP8 weight as raw bytes, its FP32 scale) for every FP8Linear."""
+    from host_weight_runtime.diffusion import FP8Linear
+
+    found: dict[str, tuple[Any, float]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, FP8Linear):
+            weight = module.weight
+            local = weight.to_local() if hasattr(weight, "to_local") else weight
+            scale = module.weight_scale
+            scale = scale.to_local() if hasattr(scale, "to_local") else scale
+            found[name] = (local.detach().contiguous().view(torch.uint8).numpy().copy(), float(scale))
+    return found
 
 
 def _arm_step(faults: list[str], report: Connection, control: Connection | None) -> None:

@@ -42,6 +42,9 @@ from host_weight_runtime.tools.synthetic_models import build_model
 from .support import CHILD_TIMEOUT_S, SPAWN, reaped_children, recv_within
 
 MIB = 1 << 20
+# The module-scoped fixture runs a whole (tiny) benchmark, TP groups included, inside the setup of its first
+# test: several minutes of fresh worker processes on a shared 2-core machine, above the suite's default limit.
+pytestmark = pytest.mark.timeout(900)
 
 
 def _resident_pages(path: Path) -> int:
@@ -159,8 +162,18 @@ def test_goals_compare_each_measured_ratio_with_its_target() -> None:
         "model": {"artifact_bytes": 100 * MIB},
         "throughput": {"publication_vs_raw": 0.9, "full_checksum_vs_sha256": 1.5},
         "remote": {"throughput": {REMOTE_FILE: {"import_vs_plain_copy": 0.85}}},
+        "tensor_parallel": {
+            "sizes": {
+                "2": {"bundle_vs_tp1": 1.1, "weights_pss_vs_shards": 1.02},
+                "4": {"bundle_vs_tp1": 1.3, "weights_pss_vs_shards": 1.5},
+            }
+        },
     }
     goals = {goal["goal"]: goal for goal in goal_table(data)}
+    assert goals["TP=2 bundle build / TP=1 publication"]["met"] is True  # 1.1 <= 1.2
+    assert goals["TP=4 bundle build / TP=1 publication"]["met"] is False
+    assert goals["TP=2: 2 replicas x 2 ranks' weight PSS / sum of shard artifacts"]["met"] is True  # <= 1.05
+    assert goals["TP=4: 2 replicas x 4 ranks' weight PSS / sum of shard artifacts"]["met"] is False
     assert goals["remote import throughput / plain fsspec copy (file://)"]["met"] is True  # 0.85 >= 0.8
     assert goals["remote import throughput / plain fsspec copy (moto S3)"]["met"] is None  # not measured
     assert goals["warm on /dev/shm: x faster than canonical"]["value"] == pytest.approx(10.0)
@@ -207,6 +220,8 @@ def _run_bench(out: Path) -> int:
             "3",
             "--no-cold-cache",
             "--no-huge-pages",
+            "--tp",
+            "2",
             "--out",
             str(out),
             "--json",
@@ -302,6 +317,31 @@ def test_bench_reports_the_cli_start_up(bench_run: tuple[int, Path]) -> None:
     assert "**CLI start-up**" in markdown_file.read_text()
     [goal] = [goal for goal in data["goals"] if goal["goal"].startswith("`hwr inspect` start-up")]
     assert goal["value"] == startup["inspect_s"]["median"] and goal["target"] == 1.0
+
+
+def test_bench_tensor_parallel_rows(bench_run: tuple[int, Path]) -> None:
+    """D14: the TP=2 rows: the bundle build next to the TP=1 publication, warm gloo groups of 2 replicas x 2
+    fresh rank processes that all hit, and the replicas of each rank sharing its pages (well under two copies
+    of the shard artifacts); reported in the markdown with both goals."""
+    _status, out = bench_run
+    data = _report(out)
+    tensor_parallel = data["tensor_parallel"]
+    assert data["options"]["tensor_parallel_sizes"] == [2] and tensor_parallel["unavailable"] == {}
+    (size, entry), = tensor_parallel["sizes"].items()
+    assert size == "2" and tensor_parallel["replicas"] == 2
+    assert entry["outcomes"] == ["local_hit"]
+    assert len(entry["rank_time_to_ready_ms"]["samples"]) == 2 * 2 * data["options"]["tensor_parallel_runs"]
+    assert entry["shard_bytes"] == sum(entry["rank_artifact_bytes"]) and len(entry["rank_artifact_bytes"]) == 2
+    assert entry["bundle_bytes_vs_tp1"] > 1.0  # each rank holds its own copy of the replicated tensors
+    assert entry["bundle_vs_tp1"] == pytest.approx(
+        entry["bundle_s"]["median"] / tensor_parallel["tp1_publication"]["seconds"]["median"]
+    )
+    assert entry["weights_pss_sum_bytes"]["median"] < 1.75 * entry["shard_bytes"]  # two unshared copies: >= 2
+    text = next(out.glob("*.md")).read_text()
+    assert "**Tensor parallel**" in text
+    assert {"TP=2 bundle build / TP=1 publication", "TP=2: 2 replicas x 2 ranks' weight PSS / sum of shard artifacts"} <= {
+        goal["goal"] for goal in data["goals"]
+    }
 
 
 def _bench_until_paused(workdir: str, conn: Connection) -> None:

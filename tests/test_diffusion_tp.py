@@ -16,12 +16,13 @@ import torch
 
 from host_weight_runtime._faults import Fault, FaultAction, armed
 from host_weight_runtime.config import RuntimeMode
-from host_weight_runtime.diffusion import FinalLayoutParallelIdentity
-from host_weight_runtime.diffusion.parallel import (
+from host_weight_runtime.diffusion import (
+    FinalLayoutParallelIdentity,
     ShardStyle,
     TensorParallelPlan,
     TensorParallelRule,
     plan_for_model,
+    prewarm_tensor_parallel,
     resolve_tensor_shards,
 )
 from host_weight_runtime.diffusion.parallel.bundle import FinalLayoutBF16BundleProducer
@@ -243,3 +244,15 @@ def test_bundle_crash_publishes_none_or_a_consistent_subset(
     for rank_context in contexts:
         assert store.lookup(rank_context.identity, validation=META).status is StoreStatus.HIT
     assert not list(store.layout.staging_dirs(contexts[0].identity.key))
+
+
+def test_prewarm_tensor_parallel_refuses_a_bad_size_before_writing(tmp_path: Path, flux: Folder) -> None:
+    """D05/D06: prewarming all ranks with a TP size that does not divide the heads is a typed UNSUPPORTED
+    refusal before any artifact exists; a size below 2 is a ValueError that says what to pass."""
+    runtime = runtime_at(tmp_path / "hwr", RuntimeMode.REQUIRED)
+    with pytest.raises(HostWeightError) as raised:
+        prewarm_tensor_parallel(flux.root, tensor_parallel_size=3, subfolder=DIT, runtime=runtime)
+    assert raised.value.failure.code is FailureCode.UNSUPPORTED
+    assert not list(FilesystemHostWeightStore(tmp_path / "hwr").layout.artifacts.glob("*"))
+    with pytest.raises(ValueError, match="tensor_parallel_size must be an int >= 2"):
+        prewarm_tensor_parallel(flux.root, tensor_parallel_size=1, subfolder=DIT, runtime=runtime)

@@ -15,10 +15,13 @@ from typing import Any
 import pytest
 import torch
 
+from host_weight_runtime.config import RuntimeMode
+from host_weight_runtime.diffusion import plan_for_model, prewarm_tensor_parallel, resolve_tensor_shards
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
+from host_weight_runtime.outcomes import ResolutionOutcome
 from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
 
-from ._diffusion import Folder, save_folder
+from ._diffusion import DIT, Folder, runtime_at, save_folder
 from ._tp_children import group_child
 from .test_diffusion_tp import FLUX_TP4
 
@@ -56,6 +59,7 @@ class Group:
         self.controls: list[Connection] = []
         self.processes: list[BaseProcess] = []
         setup = {"world": world, "rendezvous": rendezvous, "folder": str(folder.root), "domain": str(domain)}
+        setup["kind"] = folder.kind
         setup["steps"] = steps
         for rank in range(world):
             receive, send = context.Pipe(duplex=False)
@@ -150,6 +154,21 @@ def test_rank_killed_mid_build_fails_the_group_typed_and_next_run_succeeds(tmp_p
     assert [result["path"] for result in next_run] == ["artifact", "artifact"]
 
 
+def test_flux2_tp2_forward_matches_the_unsharded_forward(tmp_path: Path) -> None:
+    """D14/D13: Flux.2 at TP=2 with diffusers' own `_tp_plan` (packed QKV+MLP projections split block by block):
+    a cold group builds one bundle, a warm group hits; the parallelized forward (DTensor, gloo) matches the
+    unsharded canonical forward within BF16 tolerance and warm equals cold bit for bit."""
+    flux2 = save_folder(tmp_path / "flux2", "flux2", seed=11)
+    model = flux2.canonical()
+    reference = run_forward("flux2", model, forward_inputs("flux2", model, seed=5))
+    cold, warm = run_group(tmp_path, flux2, tmp_path / "hwr", 2, [{"mode": "required"}, {"mode": "preferred"}])
+    assert all(result["path"] == "artifact" for result in cold + warm)
+    assert {result["outcome"] for result in warm} == {"local_hit"}
+    for before, after in zip(cold, warm, strict=True):
+        assert torch.equal(before["output"], after["output"])
+        torch.testing.assert_close(after["output"].float(), reference.float(), atol=3e-2, rtol=3e-2)
+
+
 def test_four_rank_group_cold_and_warm(tmp_path: Path, flux: Folder, reference: torch.Tensor) -> None:
     """D14: TP=4 (4 heads over 4 ranks): one cold bundle, then all ranks hit; forward parity as at TP=2."""
     cold, warm = run_group(tmp_path, flux, tmp_path / "hwr", 4, [{"mode": "required"}, {"mode": "preferred"}])
@@ -159,21 +178,65 @@ def test_four_rank_group_cold_and_warm(tmp_path: Path, flux: Folder, reference: 
         torch.testing.assert_close(after["output"].float(), reference.float(), atol=3e-2, rtol=3e-2)
 
 
-def test_fp8_group_publishes_per_rank_then_hits_with_identical_forward(tmp_path: Path, flux: Folder) -> None:
-    """D14/D05: a cold TP=2 FP8 group in PREFERRED loads canonically, quantizes with full-tensor scales and
-    publishes each rank's FP8 shards; the warm group hits on every rank; the parallelized FP8 forward equals
-    the cold one bit for bit and matches the unsharded FP8 forward within BF16 tolerance."""
+def test_fp8_ranks_publish_then_hit_with_reference_shards_and_identical_forward(tmp_path: Path, flux: Folder) -> None:
+    """D14/D05: TP=2 FP8, with a group cohort and without one (ranks resolving independently): a cold load in
+    PREFERRED loads canonically, quantizes with full-tensor scales and publishes each rank's FP8 shards under
+    its own key; the warm load hits on every rank; every warm rank's FP8 weight is bit for bit the matching
+    slice of the reference per-tensor quantization of the canonical BF16 weight, with the full tensor's
+    scale; the parallelized FP8 forward is bit-identical warm vs cold and matches the unsharded FP8 forward
+    within BF16 tolerance."""
     from host_weight_runtime.diffusion.loader import quantize_model_fp8
-    from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
 
-    unsharded = flux.canonical()
-    quantize_model_fp8(unsharded)
-    expected = run_forward("flux", unsharded, forward_inputs("flux", unsharded, seed=5))
-    steps: list[dict[str, Any]] = [{"mode": "preferred", "representation": "fp8"}] * 2
-    cold, warm = run_group(tmp_path, flux, tmp_path / "hwr", 2, steps)
-    assert [result["path"] for result in cold] == ["canonical", "canonical"]
-    assert {result["outcome"] for result in warm} == {"local_hit"}
-    assert len({result["key"] for result in warm}) == 2
-    for before, after in zip(cold, warm, strict=True):
-        assert torch.equal(before["output"], after["output"])
-        torch.testing.assert_close(after["output"].float(), expected.float(), atol=3e-2, rtol=3e-2)
+    from .test_diffusion_fp8 import reference_fp8
+
+    canonical = flux.canonical()
+    weights = {name: parameter.detach() for name, parameter in canonical.named_parameters()}
+    shards = [resolve_tensor_shards(canonical, plan_for_model(canonical), 2, rank) for rank in range(2)]
+    quantize_model_fp8(canonical)
+    expected = run_forward("flux", canonical, forward_inputs("flux", canonical, seed=5))
+    fp8 = {"mode": "preferred", "representation": "fp8"}
+    alone = str(tmp_path / "hwr-no-group")
+    steps: list[dict[str, Any]] = [
+        fp8,
+        {**fp8, "fp8_bits": True},
+        {**fp8, "group": False, "domain": alone},
+        {**fp8, "group": False, "domain": alone, "fp8_bits": True},
+    ]
+    cold, warm, cold_alone, warm_alone = run_group(tmp_path, flux, tmp_path / "hwr", 2, steps)
+    for first, second in ((cold, warm), (cold_alone, warm_alone)):
+        assert [result["path"] for result in first] == ["canonical", "canonical"]
+        assert {result["outcome"] for result in second} == {"local_hit"}
+        assert len({result["key"] for result in second}) == 2
+        assert [result["key"] for result in first] == [result["key"] for result in second]
+        for before, after in zip(first, second, strict=True):
+            assert torch.equal(before["output"], after["output"])
+            torch.testing.assert_close(after["output"].float(), expected.float(), atol=3e-2, rtol=3e-2)
+    assert [result["key"] for result in warm] == [result["key"] for result in warm_alone]
+    split = 0
+    for rank, result in enumerate(warm + warm_alone):
+        assert result["fp8"], "the warm ranks serve FP8Linear modules"
+        for name, (local_bits, scale) in result["fp8"].items():
+            q, reference_scale = reference_fp8(weights[f"{name}.weight"])
+            shard = shards[rank % 2].get(f"{name}.weight")
+            split += shard is not None
+            local = q if shard is None else shard.take(q)
+            assert torch.equal(torch.from_numpy(local_bits), local.contiguous().view(torch.uint8)), name
+            assert scale == float(reference_scale), name
+    assert split > 0
+
+
+def test_prewarmed_ranks_hit_in_a_required_group_without_a_build(tmp_path: Path, flux: Folder) -> None:
+    """D05/D14: `prewarm_tensor_parallel` builds every rank's artifact in one pass with no process group (a
+    second call finds them all); a TP=2 group in REQUIRED without streaming then hits on every rank, under the
+    keys the prewarm reported, so an operator can prewarm a node before its ranks start."""
+    domain = tmp_path / "hwr"
+    runtime = runtime_at(domain, RuntimeMode.REQUIRED)
+    built = prewarm_tensor_parallel(flux.root, tensor_parallel_size=2, subfolder=DIT, runtime=runtime)
+    outcomes = [result.resolution.outcome for result in built]
+    assert outcomes == [ResolutionOutcome.LOCAL_PRODUCTION, ResolutionOutcome.LOCAL_HIT]  # rank 0's build made both
+    assert built[0].total_bytes == built[1].total_bytes and built[0].identity_key != built[1].identity_key
+    again = prewarm_tensor_parallel(flux.root, tensor_parallel_size=2, subfolder=DIT, runtime=runtime)
+    assert [result.resolution.outcome for result in again] == [ResolutionOutcome.LOCAL_HIT] * 2
+    (warm,) = run_group(tmp_path, flux, domain, 2, [{"mode": "required", "stream": False}])
+    assert [result["outcome"] for result in warm] == ["local_hit", "local_hit"]
+    assert [result["key"] for result in warm] == [result.identity_key for result in built]

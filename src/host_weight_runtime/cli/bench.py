@@ -24,7 +24,9 @@ def register(commands: Subcommands) -> None:
         "time to ready, peak RSS and shared memory of canonical, cold, warm and peer loaders, side by side",
     )
     sub.add_argument(
-        "--quick", action="store_true", help="about 3.5 minutes: 0.25 GiB, 3 runs, hot cache only, fewer memory groups"
+        "--quick",
+        action="store_true",
+        help="about 4 minutes: 0.25 GiB, 3 runs, hot cache only, fewer memory and TP groups",
     )
     sub.add_argument("--size", type=positive_float, default=None, metavar="GIB", help="BF16 weights in GiB (default 1)")
     sub.add_argument(
@@ -35,6 +37,14 @@ def register(commands: Subcommands) -> None:
     )
     sub.add_argument(
         "--cold-starters", type=positive_int, default=8, metavar="N", help="concurrent cold starters (default 8)"
+    )
+    sub.add_argument(
+        "--tp",
+        type=positive_int,
+        nargs="*",
+        default=None,
+        metavar="N",
+        help="tensor-parallel sizes for the TP rows (default 2 4; --tp alone measures none)",
     )
     sub.add_argument("--no-cold-cache", action="store_true", help="skip the page-cache-cold runs")
     sub.add_argument("--no-huge-pages", action="store_true", help="do not mount a huge-page tmpfs")
@@ -63,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         cold_cache=defaults.cold_cache and not args.no_cold_cache,
         huge_pages=not args.no_huge_pages,
         workdir=args.workdir,
+        tensor_parallel_sizes=tuple(args.tp) if args.tp is not None else defaults.tensor_parallel_sizes,
     )
     out_dir: Path = args.out if args.out is not None else _default_results_dir()
     if not out_dir.is_dir():

@@ -39,6 +39,19 @@ from .loader import (
     prewarm_component,
 )
 from .models import FIRST_CLASS_CONTRACTS, ModelNotReadyError, contract_for_model
+from .parallel.bundle import FinalLayoutBF16BundleProducer
+from .parallel.loader import prewarm_tensor_parallel
+from .parallel.plan import (
+    FIRST_CLASS_TENSOR_PARALLEL_PLANS,
+    ShardStyle,
+    TensorParallelPlan,
+    TensorParallelRule,
+    TensorShard,
+    plan_for_model,
+    register_tensor_parallel_plan,
+    resolve_tensor_shards,
+)
+from .parallel.ranks import identify_ranks
 from .producers import FinalLayoutBF16CheckpointProducer, FinalLayoutBF16Producer
 from .restorer import FinalLayoutTensorRestorePlan, FinalLayoutTensorRestorer
 from .source_identity import NodeSourceDigestCache, PreparedWeightSource, WeightSourceKind, prepare_weight_source
@@ -51,8 +64,10 @@ __all__ = [
     "FINAL_LAYOUT_FP8_POLICY",
     "FINAL_LAYOUT_FP8_SPEC",
     "FIRST_CLASS_CONTRACTS",
+    "FIRST_CLASS_TENSOR_PARALLEL_PLANS",
     "ComponentLoadPath",
     "FinalLayoutArtifactSpec",
+    "FinalLayoutBF16BundleProducer",
     "FinalLayoutBF16CheckpointProducer",
     "FinalLayoutBF16Policy",
     "FinalLayoutBF16Producer",
@@ -76,7 +91,11 @@ __all__ = [
     "NodeSourceDigestCache",
     "PreparedWeightSource",
     "PrewarmResult",
+    "ShardStyle",
     "TensorOwnership",
+    "TensorParallelPlan",
+    "TensorParallelRule",
+    "TensorShard",
     "WeightSourceKind",
     "build_final_layout_identity",
     "build_skeleton",
@@ -84,12 +103,17 @@ __all__ = [
     "contracts",
     "discover_tensor_ownership",
     "fp8",
+    "identify_ranks",
     "identity_adapter",
     "implementation_abi_fingerprint",
     "load_component",
+    "plan_for_model",
     "prepare_weight_source",
     "prewarm_component",
+    "prewarm_tensor_parallel",
     "producers",
+    "register_tensor_parallel_plan",
+    "resolve_tensor_shards",
     "restorer",
     "source_identity",
     "tensor_layout",

@@ -358,12 +358,26 @@ def _flux_parameter_bytes(config: Mapping[str, Any]) -> int:
     return sum(tensor.numel() * 4 for tensor in model.state_dict().values())
 
 
+def _flux_heads(wanted: float) -> int:
+    """`wanted` heads rounded to a multiple of 4 once it is 2 or more, else to at least 1.
+
+    A multiple of 4 lets the benchmark split the model at TP=2 and TP=4: every split block
+    (heads, MLP width 4 * heads * 64) then divides by the TP size.
+    """
+    if wanted < 2:
+        return max(1, int(wanted))
+    return 4 * max(1, round(wanted / 4))
+
+
 def flux_config_for_bytes(target_bytes: int) -> dict[str, Any]:
-    """A FluxTransformer2DModel config whose FP32 weights total at least `target_bytes` (and not much more)."""
+    """A FluxTransformer2DModel config whose FP32 weights total at least `target_bytes` (and not much more).
+
+    From about 20 MiB up its head count is a multiple of 4, so TP=2 and TP=4 plans split it.
+    """
     if target_bytes <= 0:
         raise ValueError(f"target_bytes must be positive, got {target_bytes}")
     width = math.sqrt(target_bytes / 4 / _FLUX_UNITS_PER_TARGET / _FLUX_UNIT_PARAMS_PER_D2)
-    heads = max(1, int(width // _FLUX_HEAD_DIM))
+    heads = _flux_heads(width / _FLUX_HEAD_DIM)
     shape = {**_FLUX_DEMO_BASE, "num_attention_heads": heads}
     base = _flux_parameter_bytes({**shape, "num_layers": 0, "num_single_layers": 0})
     double = _flux_parameter_bytes({**shape, "num_layers": 1, "num_single_layers": 0}) - base

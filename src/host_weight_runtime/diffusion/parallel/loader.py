@@ -13,14 +13,14 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...config import RuntimeMode
-from ...failures import FailureCode, HostWeightError
+from ...failures import FailureCode, HostWeightError, ResolutionStage, failure
 from ...lease import HostWeightLease
 from ...outcomes import ResolutionOutcome
 from ...runtime import HostWeightRuntime
-from ..contracts import FINAL_LAYOUT_BF16_POLICY, FinalLayoutParallelIdentity
+from ..contracts import FINAL_LAYOUT_BF16_POLICY, FinalLayoutParallelIdentity, FinalLayoutTensorPolicy
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..producers.checkpoint_stream import FinalLayoutBF16CheckpointProducer
 from ..producers.finalized import FinalLayoutBF16Producer
@@ -28,10 +28,13 @@ from ..restorer import FinalLayoutTensorRestorer
 from .apply import parallelize_localized
 from .bundle import FinalLayoutBF16BundleProducer
 from .cohort import CohortStatus, TorchCohort, cohort_failure
-from .plan import localize_module, plan_for_model, resolve_tensor_shards
+from .plan import TensorParallelPlan, localize_module, plan_for_model, resolve_tensor_shards
 from .ranks import identify_ranks
 
-__all__ = ["load_tensor_parallel_component"]
+if TYPE_CHECKING:
+    from ..loader import PrewarmResult, _Skeleton
+
+__all__ = ["load_tensor_parallel_component", "prewarm_tensor_parallel"]
 
 
 def _mesh(process_group: Any, size: int) -> Any:
@@ -72,7 +75,6 @@ def load_tensor_parallel_component(
         LoadedComponent,
         _anchor,
         _canonical,
-        _digest_cache,
         _prepare_skeleton,
         check_representation,
         quantize_model_fp8,
@@ -101,17 +103,8 @@ def load_tensor_parallel_component(
     plan = plan_for_model(skeleton.skeleton)  # on the plain skeleton: a registered plan keys on its class
     if fp8:
         quantize_model_fp8(skeleton.skeleton)
-    contexts = identify_ranks(
-        skeleton.holder,
-        dit_name=skeleton.component_name,
-        skeleton=skeleton.skeleton,
-        prepared_sources=[skeleton.source],
-        request=skeleton.request,
-        policy=FINAL_LAYOUT_FP8_POLICY if fp8 else FINAL_LAYOUT_BF16_POLICY,
-        ranks=list(range(size)),
-        source_digest_cache=_digest_cache(runtime),
-        plan=plan,
-    )
+    policy = FINAL_LAYOUT_FP8_POLICY if fp8 else FINAL_LAYOUT_BF16_POLICY
+    contexts = _identify_every_rank(skeleton, runtime, policy, plan)
     context = contexts[rank]
     lookup_runtime = HostWeightRuntime(replace(runtime.config, mode=RuntimeMode.PREFERRED))
     build_runtime = HostWeightRuntime(replace(runtime.config, mode=RuntimeMode.REQUIRED, allow_local_build=True))
@@ -206,6 +199,85 @@ def load_tensor_parallel_component(
             missing_ranks=missing,
         )
     return canonical(publish=True)
+
+
+def prewarm_tensor_parallel(
+    model_or_path: str | os.PathLike[str],
+    *,
+    tensor_parallel_size: int,
+    subfolder: str | None = None,
+    revision: str | None = None,
+    runtime: HostWeightRuntime | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> tuple[PrewarmResult, ...]:
+    """Build (or find) every TP rank's BF16 artifact in one pass over the checkpoint (ARTIFACT_BUNDLE).
+
+    Needs no process group: a node operator runs it once before the ranks start, and each
+    rank's `load_component(..., parallel=...)` then hits. Returns one result per rank, in
+    rank order. Runs in REQUIRED mode with local builds allowed, like `prewarm_component`:
+    a failure raises `HostWeightError`; a bad argument raises `HostWeightUsageError`.
+    """
+    from .._load_options import LoadOptions
+    from ..loader import PrewarmResult, _announce, _prepare_skeleton, _required
+
+    if type(tensor_parallel_size) is not int or tensor_parallel_size < 2:
+        raise ValueError(f"tensor_parallel_size must be an int >= 2, got {tensor_parallel_size!r}")
+    required = _required(runtime if runtime is not None else HostWeightRuntime.from_env())
+    _announce(required)
+    skeleton = _prepare_skeleton(
+        model_or_path,
+        subfolder=subfolder,
+        revision=revision,
+        parallel=FinalLayoutParallelIdentity(tensor_parallel_size=tensor_parallel_size),
+        cache_dir=Path(cache_dir) if cache_dir is not None else None,
+        options=LoadOptions(),
+    )
+    if not skeleton.source.use_safetensors:
+        raise HostWeightError(
+            failure(
+                ResolutionStage.PRODUCTION,
+                FailureCode.PRODUCER_UNSUPPORTED,
+                f"{skeleton.source.model_or_path} has no safetensors weights; a bundle is streamed from safetensors "
+                "only. Load each rank once with load_component instead: that publishes after a canonical load",
+            )
+        )
+    contexts = _identify_every_rank(skeleton, required, FINAL_LAYOUT_BF16_POLICY, plan_for_model(skeleton.skeleton))
+    producer = FinalLayoutBF16BundleProducer(contexts)
+    results: list[PrewarmResult] = []
+    for context in contexts:  # the first resolve builds every missing rank; the others then hit
+        resolution = required.resolve(context.identity, producer)
+        if resolution.lease is None:
+            assert resolution.report.failure is not None
+            raise HostWeightError(resolution.report.failure)
+        resolution.lease.close()
+        results.append(
+            PrewarmResult(
+                identity_key=context.identity.key,
+                resolution=resolution.report,
+                total_bytes=context.total_bytes,
+                tensor_count=len(context.tensors),
+            )
+        )
+    return tuple(results)
+
+
+def _identify_every_rank(
+    skeleton: _Skeleton, runtime: HostWeightRuntime, policy: FinalLayoutTensorPolicy, plan: TensorParallelPlan
+) -> tuple[FinalLayoutIdentityContext, ...]:
+    """Every rank's identity context; the skeleton is localized to the (shared) per-rank shapes."""
+    from ..loader import _digest_cache
+
+    return identify_ranks(
+        skeleton.holder,
+        dit_name=skeleton.component_name,
+        skeleton=skeleton.skeleton,
+        prepared_sources=[skeleton.source],
+        request=skeleton.request,
+        policy=policy,
+        ranks=list(range(skeleton.request.parallel.tensor_parallel_size)),
+        source_digest_cache=_digest_cache(runtime),
+        plan=plan,
+    )
 
 
 def _single(context: FinalLayoutIdentityContext) -> FinalLayoutBF16CheckpointProducer:

@@ -113,4 +113,17 @@ def goals(data: dict[str, JsonValue]) -> list[JsonValue]:
         ratio_value = entry.get("import_vs_plain_copy") if isinstance(entry, dict) else None
         measured_ratio = ratio_value if isinstance(ratio_value, float) else None
         goal(f"remote import throughput / plain fsspec copy ({label})", measured_ratio, 0.8)
+    tensor_parallel = data.get("tensor_parallel")
+    sizes = tensor_parallel.get("sizes") if isinstance(tensor_parallel, dict) else None
+    for size, entry in sizes.items() if isinstance(sizes, dict) else ():
+        assert isinstance(entry, dict)
+        build = entry.get("bundle_vs_tp1")
+        goal(f"TP={size} bundle build / TP=1 publication", build if isinstance(build, float) else None, 1.2, False)
+        pss = entry.get("weights_pss_vs_shards")
+        goal(
+            f"TP={size}: 2 replicas x {size} ranks' weight PSS / sum of shard artifacts",
+            pss if isinstance(pss, float) else None,
+            1.05,
+            False,
+        )
     return goals

@@ -7,6 +7,7 @@ and page-table setup count for every row and memory bandwidth counts for none.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import itertools
 import os
@@ -24,7 +25,12 @@ from host_weight_runtime import (
     RuntimeMode,
     StorageClass,
 )
-from host_weight_runtime.diffusion import LoadedComponent, build_skeleton, load_component
+from host_weight_runtime.diffusion import (
+    FinalLayoutParallelIdentity,
+    LoadedComponent,
+    build_skeleton,
+    load_component,
+)
 
 from ..common import JsonValue
 from .peers import PeerLoad, load_peer, peer_named
@@ -34,6 +40,8 @@ __all__ = [
     "LoadKind",
     "RowSpec",
     "memory_rollup",
+    "join_group",
+    "leave_group",
     "peak_rss",
     "reset_peak_rss",
     "run_row",
@@ -41,6 +49,7 @@ __all__ = [
 ]
 
 PAGE_BYTES = 4096
+_GROUP_TIMEOUT_S = 600.0
 _MODEL_CLASS = "FluxTransformer2DModel"
 
 
@@ -68,6 +77,9 @@ class RowSpec:
     remote_url: str | None = None  # HWR: a remote (HWR_REMOTE) the runtime imports from after a local miss
     remote_options: dict[str, Any] | None = None  # HWR: its fsspec storage options (a local endpoint, no secret)
     background_verify: str | None = None  # HWR: HWR_BACKGROUND_VERIFY in the worker (None: inherited)
+    tensor_parallel_size: int = 1  # HWR: > 1 loads one rank of a gloo group of this size
+    tensor_parallel_rank: int = 0  # HWR: this worker's rank in its group
+    rendezvous: str | None = None  # HWR with TP: the group's init_method (a file:// URL, one per group)
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
@@ -83,6 +95,9 @@ class RowSpec:
             "remote_url": self.remote_url,
             "remote_options": self.remote_options,
             "background_verify": self.background_verify,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "tensor_parallel_rank": self.tensor_parallel_rank,
+            "rendezvous": self.rendezvous,
         }
 
     @classmethod
@@ -100,6 +115,9 @@ class RowSpec:
             remote_url=None if value.get("remote_url") is None else str(value["remote_url"]),
             remote_options=None if value.get("remote_options") is None else dict(value["remote_options"]),
             background_verify=None if value.get("background_verify") is None else str(value["background_verify"]),
+            tensor_parallel_size=int(value.get("tensor_parallel_size", 1)),
+            tensor_parallel_rank=int(value.get("tensor_parallel_rank", 0)),
+            rendezvous=None if value.get("rendezvous") is None else str(value["rendezvous"]),
         )
 
 
@@ -140,10 +158,12 @@ def memory_rollup(pid: int | str = "self") -> tuple[int, int]:
 
 
 def _model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
-    """Every parameter and buffer once (by data pointer), detached."""
+    """Every parameter and buffer once (by data pointer), detached; a tensor-parallel DTensor as its local shard."""
     seen: set[int] = set()
     tensors: list[torch.Tensor] = []
-    for tensor in itertools.chain(model.parameters(), model.buffers()):
+    for found in itertools.chain(model.parameters(), model.buffers()):
+        to_local = getattr(found, "to_local", None)
+        tensor: torch.Tensor = found if to_local is None else to_local()
         if tensor.numel() == 0 or tensor.data_ptr() in seen:
             continue
         seen.add(tensor.data_ptr())
@@ -213,6 +233,8 @@ def _load(spec: RowSpec, flux_class: Any) -> _Loaded:
     if spec.kind is LoadKind.HWR:
         if spec.root is None:
             raise ValueError(f"row {spec.name}: an HWR row needs a domain root")
+        if spec.tensor_parallel_size > 1:
+            return _load_rank(spec)
         component = load_component(
             spec.pipeline,
             subfolder=spec.subfolder,
@@ -232,6 +254,48 @@ def _load(spec: RowSpec, flux_class: Any) -> _Loaded:
         peer_load.close()
         raise
     return _Loaded(model, peer_load=peer_load)
+
+
+def join_group(spec: RowSpec) -> None:
+    """A tensor-parallel row's worker joins its gloo group (off the clock: before it says ready)."""
+    if spec.tensor_parallel_size <= 1:
+        return
+    import torch.distributed as dist
+
+    if spec.rendezvous is None:
+        raise ValueError(f"row {spec.name}: a tensor-parallel row needs a rendezvous")
+    dist.init_process_group(
+        "gloo",
+        init_method=spec.rendezvous,
+        rank=spec.tensor_parallel_rank,
+        world_size=spec.tensor_parallel_size,
+        timeout=datetime.timedelta(seconds=_GROUP_TIMEOUT_S),
+    )
+
+
+def leave_group(spec: RowSpec) -> None:
+    if spec.tensor_parallel_size > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+def _load_rank(spec: RowSpec) -> _Loaded:
+    """One rank of a warm TP group: the group resolves together, this rank restores its own artifact."""
+    import torch.distributed as dist
+
+    assert spec.root is not None
+    parallel = FinalLayoutParallelIdentity(
+        tensor_parallel_size=spec.tensor_parallel_size, tensor_parallel_rank=spec.tensor_parallel_rank
+    )
+    component = load_component(
+        spec.pipeline,
+        subfolder=spec.subfolder,
+        runtime=_runtime(spec.root, spec),
+        parallel=parallel,
+        process_group=dist.group.WORLD,
+    )
+    return _Loaded(component.model, component=component)
 
 
 def _component_facts(component: LoadedComponent | None) -> dict[str, JsonValue]:

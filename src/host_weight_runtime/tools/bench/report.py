@@ -173,6 +173,7 @@ def markdown(report: BenchReport) -> str:
         f"FULL_CHECKSUM {rate('full_checksum_s')}.",
         *_startup_lines(data.get("cli_startup")),
         *_verification_lines(data.get("background_verification")),
+        *_tensor_parallel_lines(data.get("tensor_parallel")),
         "",
         "**Goals** (reported, not asserted)",
         "",
@@ -219,3 +220,36 @@ def _verification_lines(section: dict[str, Any] | None) -> list[str]:
         f"{section['time_to_ready_on_ms']['median']:.0f} ms with it on vs "
         f"{section['time_to_ready_off_ms']['median']:.0f} ms off (ratio {ready}).",
     ]
+
+
+def _tensor_parallel_lines(tensor_parallel: dict[str, Any] | None) -> list[str]:
+    """Per TP size: bundle build vs TP=1 publication, warm time to ready per rank and per group, replica PSS."""
+    if not tensor_parallel:
+        return []
+    if not tensor_parallel["sizes"]:
+        return ["", *(f"TP={size}: not measured ({why})" for size, why in tensor_parallel["unavailable"].items())]
+    single = tensor_parallel["tp1_publication"]["seconds"]
+    replicas = tensor_parallel["replicas"]
+    lines = [
+        "",
+        f"**Tensor parallel** (gloo groups on CPU; TP=1 streaming publication {single['median'] * 1000:.0f} ms "
+        f"[{single['min'] * 1000:.0f}, {single['max'] * 1000:.0f}]; warm: {replicas} replicas x N ranks per run, "
+        f"each replica's ranks loading together, all held while PSS is read; {tensor_parallel['elapsed_s']:.0f} s "
+        "in all)",
+        "",
+        "| TP | bundle build ms | x TP=1 publication | bytes written x TP=1 | per-rank warm time to ready ms "
+        f"| group ready ms | {replicas} replicas: weights PSS / sum of shards MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size, entry in tensor_parallel["sizes"].items():
+        bundle = entry["bundle_s"]
+        build_ratio = "n/a" if entry["bundle_vs_tp1"] is None else f"{entry['bundle_vs_tp1']:.2f}"
+        lines.append(
+            f"| {size} | {_ms({k: bundle[k] * 1000 for k in ('median', 'min', 'max')})} | {build_ratio} | "
+            f"{entry['bundle_bytes_vs_tp1']:.2f} | {_ms(entry['rank_time_to_ready_ms'])} | "
+            f"{_ms(entry['group_time_to_ready_ms'])} | {_mib(entry['weights_pss_sum_bytes'])} / "
+            f"{entry['shard_bytes'] / MIB:.0f} |"
+        )
+    for size, why in tensor_parallel.get("unavailable", {}).items():
+        lines += ["", f"TP={size}: not measured ({why})"]
+    return lines

@@ -6,6 +6,7 @@ artifact's final-layout BF16 tensors written in each peer's format on disk, plus
 safetensors copy on each tmpfs for the bare-mmap-views reference. Then every run is a
 fresh worker process (imports done before it is told to go), measured one at a time,
 except the 4-worker memory groups and the concurrent cold starters, which start together.
+Last come the tensor-parallel rows (tensor_parallel.py): bundle builds and gloo groups of ranks.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from .peers import PEERS, Peer, PeerFormat, peer_file_name, peer_unavailable_rea
 from .remote import measure_remote_throughput, remote_targets
 from .startup import measure_cli_startup
 from .stats import Stats
+from .tensor_parallel import TensorParallelSetup, measure_tensor_parallel
 from .throughput import ThroughputSamples, measure_throughput
 
 __all__ = ["BenchOptions", "BenchReport", "run_bench", "unavailable_peers"]
@@ -89,6 +91,8 @@ class BenchOptions:
     memory_runs: int | None = None  # None: `runs`
     remote_runs: int | None = None  # remote import vs plain copy runs; None: `runs`
     remote_s3_row: bool = True  # False: node B's time to ready over file:// only (S3 throughput still measured)
+    tensor_parallel_sizes: tuple[int, ...] = (2, 4)  # TP rows; () measures none
+    tensor_parallel_runs: int = 3  # per TP size: bundle builds and groups of 2 replicas x N fresh ranks
 
     def __post_init__(self) -> None:
         if not 0 < self.size_gib <= 64:
@@ -97,10 +101,15 @@ class BenchOptions:
             raise ValueError(f"--runs must be at least 1, got {self.runs}")
         if self.workers < 1 or self.cold_starters < 1:
             raise ValueError("--workers and --cold-starters must be at least 1")
+        if self.tensor_parallel_runs < 1:
+            raise ValueError(f"tensor_parallel_runs must be at least 1, got {self.tensor_parallel_runs}")
+        if any(type(size) is not int or size < 2 for size in self.tensor_parallel_sizes):
+            raise ValueError(f"--tp sizes must be integers of at least 2, got {list(self.tensor_parallel_sizes)}")
 
     @classmethod
     def quick(cls) -> BenchOptions:
-        """Under 3.5 minutes: 0.25 GiB, 3 runs per time, one run per memory group (goal rows only), hot cache."""
+        """About 4 minutes: 0.25 GiB, 3 runs per time, one run per memory group (goal rows only) and per TP
+        group, hot cache."""
         return cls(
             size_gib=0.25,
             runs=3,
@@ -110,6 +119,7 @@ class BenchOptions:
             memory_runs=1,
             remote_runs=2,
             remote_s3_row=False,
+            tensor_parallel_runs=1,
         )
 
 
@@ -543,6 +553,14 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
         remote_throughput = measure_remote_throughput(
             remotes, _published_identity(warm_store, prewarm.identity_key), shm_dir, options.remote_runs or options.runs
         )
+        tensor_parallel: dict[str, JsonValue] | None = None
+        if options.tensor_parallel_sizes:
+            tensor_parallel = measure_tensor_parallel(
+                TensorParallelSetup(pipeline, TRANSFORMER_SUBFOLDER, shm_dir, worker_log, options.timeout_s),
+                options.tensor_parallel_sizes,
+                runs=min(options.runs, options.tensor_parallel_runs),
+                say=say,
+            )
         elapsed = time.perf_counter() - started
         data: dict[str, Any] = {
             "date": time.strftime("%Y-%m-%d"),
@@ -556,6 +574,8 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
                 "memory_runs": options.memory_runs or options.runs,
                 "cold_cache": options.cold_cache,
                 "remote_runs": options.remote_runs or options.runs,
+                "tensor_parallel_sizes": list(options.tensor_parallel_sizes),
+                "tensor_parallel_runs": min(options.runs, options.tensor_parallel_runs),
             },
             "model": {
                 "class": "FluxTransformer2DModel",
@@ -571,6 +591,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
             "cli_startup": startup.to_dict(),
             "background_verification": _verification_dict(results),
             "remote": {**remotes.to_dict(), "throughput": remote_throughput, "rows_not_measured": rows_not_measured},
+            "tensor_parallel": tensor_parallel,
             "elapsed_s": elapsed,
         }
         data["goals"] = goals(data)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .measure import LoadKind, RowSpec, model_class, run_row
+from .measure import LoadKind, RowSpec, join_group, leave_group, model_class, run_row
 from .peers import peer_named
 
 __all__ = ["ENV_PROFILE", "main", "worker_command"]
@@ -47,6 +47,7 @@ def _preload(spec: RowSpec) -> object:
     if spec.kind is LoadKind.PEER and spec.peer is not None:
         importlib.import_module("safetensors.torch")
         importlib.import_module(peer_named(spec.peer).requirement)
+    join_group(spec)  # a TP rank: every rank of its group must have started, which the batch guarantees
     return flux_class
 
 
@@ -90,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hold:
         sys.stdin.readline()
     loaded.close()
+    leave_group(spec)
     return 0
 
 

@@ -1,0 +1,215 @@
+"""Tensor-parallel rows: bundle build vs TP=1 publication, per-rank warm time to ready, PSS of 2 replicas.
+
+Builds run in this process on fresh `/dev/shm` domains, alternating which goes first: the
+TP=1 streaming publication (`prewarm_component`) and the TP=N bundle
+(`prewarm_tensor_parallel`: every rank's artifact from one pass over the checkpoint). The
+warm rows are real gloo groups: per run, 2 replicas x N fresh worker processes on one
+prewarmed domain; replica 0's ranks load together (and are timed), then replica 1's, both
+hold their models while every worker's PSS is read. Two replicas of rank r should account
+for about one copy of rank r's shard artifact, so the weights' PSS sum is compared with the
+sum of the N shard artifacts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from host_weight_runtime import (
+    FailureCode,
+    HostWeightError,
+    HostWeightRuntime,
+    HostWeightRuntimeConfig,
+    RuntimeMode,
+    StorageClass,
+)
+from host_weight_runtime.diffusion import PrewarmResult, prewarm_component, prewarm_tensor_parallel
+
+from ..common import JsonValue, remove_tree
+from .batch import WorkerBatch
+from .goals import ratio
+from .measure import LoadKind, RowSpec, memory_rollup
+from .stats import Stats
+
+__all__ = ["REPLICAS", "TensorParallelSetup", "measure_tensor_parallel"]
+
+REPLICAS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class TensorParallelSetup:
+    """Where the benchmark's model lives and where its scratch domains go."""
+
+    pipeline: Path
+    subfolder: str
+    shm_dir: Path
+    log: IO[bytes]
+    timeout_s: float
+
+
+def _runtime(root: Path) -> HostWeightRuntime:
+    config = HostWeightRuntimeConfig(mode=RuntimeMode.PREFERRED, root=root, storage_class=StorageClass.TMPFS)
+    return HostWeightRuntime(config)
+
+
+def _build(setup: TensorParallelSetup, size: int, root: Path) -> tuple[float, int]:
+    """(seconds, artifact bytes written) to publish the TP=1 artifact (size 1) or the TP=`size` bundle on the
+    empty domain `root`."""
+    started = time.perf_counter()
+    try:
+        if size == 1:
+            single = prewarm_component(setup.pipeline, subfolder=setup.subfolder, runtime=_runtime(root))
+            return time.perf_counter() - started, single.total_bytes
+        ranks = prewarm_tensor_parallel(
+            setup.pipeline, tensor_parallel_size=size, subfolder=setup.subfolder, runtime=_runtime(root)
+        )
+        return time.perf_counter() - started, sum(result.total_bytes for result in ranks)
+    finally:
+        remove_tree(root)
+
+
+def _bundle_builds(
+    setup: TensorParallelSetup, sizes: Sequence[int], runs: int, say: Callable[[str], None]
+) -> tuple[dict[str, JsonValue], dict[int, dict[str, Any]]]:
+    """The TP=1 publication and each TP=N bundle, each run on fresh domains, rotating which goes first.
+
+    Every rank holds its own copy of the replicated tensors, so a bundle writes more than one TP=1
+    artifact; `per_byte_vs_tp1` sets the time ratio against that byte ratio.
+    """
+    samples: dict[int, list[float]] = {size: [] for size in (1, *sizes)}
+    written: dict[int, int] = {}
+    order = [1, *sizes]
+    for run in range(runs):
+        say(f"tensor parallel: bundle builds vs TP=1 publication, run {run + 1}/{runs}")
+        rotated = order[run % len(order) :] + order[: run % len(order)]
+        for size in rotated:
+            seconds, written[size] = _build(setup, size, setup.shm_dir / f"tp-build-{size}-{run}")
+            samples[size].append(seconds)
+    single = Stats.of(samples[1])
+    found: dict[int, dict[str, Any]] = {}
+    for size in sizes:
+        bundle = Stats.of(samples[size])
+        time_ratio = ratio(bundle.median, single.median)
+        bytes_ratio = written[size] / written[1]
+        found[size] = {
+            "bundle_s": bundle.to_dict(),
+            "bundle_vs_tp1": time_ratio,
+            "bundle_bytes_vs_tp1": bytes_ratio,
+            "per_byte_vs_tp1": None if time_ratio is None else time_ratio / bytes_ratio,
+        }
+    return {"seconds": single.to_dict(), "artifact_bytes": written[1]}, found
+
+
+def _group_specs(setup: TensorParallelSetup, root: Path, size: int, run: int) -> list[RowSpec]:
+    """REPLICAS x `size` worker specs: replica k's ranks share one rendezvous file."""
+    specs: list[RowSpec] = []
+    for replica in range(REPLICAS):
+        rendezvous = setup.shm_dir / f"tp{size}-run{run}-replica{replica}.rendezvous"
+        remove_tree(rendezvous)
+        specs.extend(
+            RowSpec(
+                name=f"hwr warm: TP={size} rank {rank}",
+                kind=LoadKind.HWR,
+                pipeline=str(setup.pipeline),
+                subfolder=setup.subfolder,
+                root=str(root),
+                tensor_parallel_size=size,
+                tensor_parallel_rank=rank,
+                rendezvous=f"file://{rendezvous}",
+            )
+            for rank in range(size)
+        )
+    return specs
+
+
+def _measure_size(
+    setup: TensorParallelSetup, size: int, results: Sequence[PrewarmResult], runs: int, say: Callable[[str], None]
+) -> dict[str, Any]:
+    root = _group_root(setup, size)
+    shards = sum(result.total_bytes for result in results)
+    per_rank: list[float] = []
+    group_ready: list[float] = []
+    weights: list[float] = []
+    outcomes: set[str] = set()
+    try:
+        for run in range(runs):
+            say(f"tensor parallel: TP={size}, {REPLICAS} replicas x {size} ranks, run {run + 1}/{runs}")
+            specs = _group_specs(setup, root, size, run)
+            batch = WorkerBatch(specs, hold=True, log=setup.log, timeout_s=setup.timeout_s)
+            try:
+                rows: list[dict[str, Any]] = []
+                for replica in range(REPLICAS):
+                    indices = list(range(replica * size, (replica + 1) * size))
+                    replica_rows, _wall_ms = batch.go(indices)
+                    rows.extend(replica_rows)
+                    group_ready.append(max(float(row["time_to_ready_ms"]) for row in replica_rows))
+                everyone = list(range(len(specs)))
+                pss_now = [memory_rollup(batch.pid(index))[1] for index in everyone]
+                batch.release(everyone)
+            finally:
+                batch.close()
+            per_rank.extend(float(row["time_to_ready_ms"]) for row in rows)
+            outcomes.update(str(row["outcome"]) for row in rows)
+            weights.append(float(sum(now - row["baseline_pss_bytes"] for now, row in zip(pss_now, rows, strict=True))))
+    finally:
+        remove_tree(root)
+    weights_stats = Stats.of(weights)
+    return {
+        "shard_bytes": shards,
+        "rank_artifact_bytes": [result.total_bytes for result in results],
+        "rank_time_to_ready_ms": Stats.of(per_rank).to_dict(),
+        "group_time_to_ready_ms": Stats.of(group_ready).to_dict(),
+        "replicas": REPLICAS,
+        "weights_pss_sum_bytes": weights_stats.to_dict(),
+        "weights_pss_vs_shards": ratio(weights_stats.median, float(shards)),
+        "outcomes": sorted(outcomes),
+    }
+
+
+def measure_tensor_parallel(
+    setup: TensorParallelSetup,
+    sizes: Sequence[int],
+    *,
+    runs: int,
+    say: Callable[[str], None],
+) -> dict[str, JsonValue]:
+    """Per TP size: bundle build vs TP=1 publication, per-rank and whole-group warm time to ready, and the
+    weights' PSS of 2 replicas x N ranks next to the sum of the N shard artifacts."""
+    started = time.perf_counter()
+    published: dict[int, tuple[PrewarmResult, ...]] = {}
+    unavailable: dict[str, JsonValue] = {}
+    for size in sizes:
+        say(f"tensor parallel: publishing every TP={size} rank's artifact for the warm groups")
+        try:
+            published[size] = prewarm_tensor_parallel(
+                setup.pipeline,
+                tensor_parallel_size=size,
+                subfolder=setup.subfolder,
+                runtime=_runtime(_group_root(setup, size)),
+            )
+        except HostWeightError as exc:  # the model does not split this way: say so instead of measuring nothing
+            if exc.failure.code is not FailureCode.UNSUPPORTED:
+                raise
+            unavailable[str(size)] = exc.failure.message
+    supported = sorted(published)
+    if not supported:
+        return {"replicas": REPLICAS, "tp1_publication": None, "sizes": {}, "unavailable": unavailable}
+    single, builds = _bundle_builds(setup, supported, runs, say)
+    measured: dict[str, JsonValue] = {
+        str(size): {**builds[size], **_measure_size(setup, size, published[size], runs, say)}
+        for size in supported
+    }
+    return {
+        "replicas": REPLICAS,
+        "tp1_publication": single,
+        "sizes": measured,
+        "unavailable": unavailable,
+        "elapsed_s": time.perf_counter() - started,
+    }
+
+
+def _group_root(setup: TensorParallelSetup, size: int) -> Path:
+    return setup.shm_dir / f"tp{size}-domain"
