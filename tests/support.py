@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.process
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from host_weight_runtime import BuildRequest, FilesystemHostWeightStore, StoreStatus, ValidationLevel
 from host_weight_runtime._digest import DigestAlgorithm
 from host_weight_runtime.canonical_json import CanonicalJson
 from host_weight_runtime.identity import (
@@ -207,3 +209,18 @@ def reaped_children() -> Iterator[list[multiprocessing.process.BaseProcess]]:
             if child.is_alive():
                 child.kill()
                 child.join(timeout=10)
+
+
+def publish_standard_artifact(store: FilesystemHostWeightStore) -> str:
+    """Publish the standard test artifact (two payload files) at metadata level, close the builder's lease,
+    and return its key: the fixture most CLI and store tests start from."""
+    identity = make_identity()
+    result = store.get_or_build(
+        BuildRequest(identity),
+        SyntheticProducer(identity, make_tensors(), files=2),
+        validation=ValidationLevel.MANIFEST_AND_METADATA,
+        deadline=time.monotonic() + 60.0,
+    )
+    assert result.status is StoreStatus.BUILT and result.lease is not None, result.failure
+    result.lease.close()
+    return identity.key

@@ -11,15 +11,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from host_weight_runtime import BuildRequest, FilesystemHostWeightStore, StoreStatus, ValidationLevel
+from host_weight_runtime import FilesystemHostWeightStore, ValidationLevel
 
-from .support import SyntheticProducer, make_identity, make_tensors
+from .support import make_identity, make_tensors, publish_standard_artifact
 
 RUN_TIMEOUT_S = 120.0
 
@@ -58,16 +57,7 @@ def store(root: Path) -> FilesystemHostWeightStore:
 @pytest.fixture
 def key(store: FilesystemHostWeightStore) -> str:
     """Publish the standard test artifact (two payload files) and return its key."""
-    identity = make_identity()
-    result = store.get_or_build(
-        BuildRequest(identity),
-        SyntheticProducer(identity, make_tensors(), files=2),
-        validation=ValidationLevel.MANIFEST_AND_METADATA,
-        deadline=time.monotonic() + 60.0,
-    )
-    assert result.status is StoreStatus.BUILT and result.lease is not None, result.failure
-    result.lease.close()
-    return identity.key
+    return publish_standard_artifact(store)
 
 
 def flip_one_payload_byte(directory: Path) -> None:

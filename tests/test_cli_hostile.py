@@ -13,18 +13,17 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from host_weight_runtime import BuildRequest, FilesystemHostWeightStore, StoreStatus, ValidationLevel, cli
+from host_weight_runtime import FilesystemHostWeightStore, cli
 from host_weight_runtime.failures import FailureCode
 
 from ._hostile import writable
-from .support import SyntheticProducer, make_identity, make_tensors
+from .support import publish_standard_artifact
 from .test_reliability import DEEP, plant_deep_format_metadata
 
 RUN_TIMEOUT_S = 120.0
@@ -46,17 +45,7 @@ def hwr(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def publish(root: Path) -> str:
-    store = FilesystemHostWeightStore(root)
-    identity = make_identity()
-    result = store.get_or_build(
-        BuildRequest(identity),
-        SyntheticProducer(identity, make_tensors(), files=2),
-        validation=ValidationLevel.MANIFEST_AND_METADATA,
-        deadline=time.monotonic() + 60.0,
-    )
-    assert result.status is StoreStatus.BUILT and result.lease is not None, result.failure
-    result.lease.close()
-    return identity.key
+    return publish_standard_artifact(FilesystemHostWeightStore(root))
 
 
 def tree(top: Path) -> dict[str, tuple[int, int, int]]:

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +19,10 @@ from typing import Any
 import pytest
 
 from host_weight_runtime import (
-    BuildRequest,
     FilesystemHostWeightStore,
     HostWeightRuntime,
     HostWeightRuntimeConfig,
     ResolutionOutcome,
-    StoreStatus,
-    ValidationLevel,
 )
 
 from .remote_support import (
@@ -39,7 +35,7 @@ from .remote_support import (
     moto_endpoint,
     use_aws_environment,
 )
-from .support import SyntheticProducer, make_identity, make_tensors
+from .support import make_identity, publish_standard_artifact
 
 RUN_TIMEOUT_S = 120.0
 
@@ -101,16 +97,7 @@ def root(tmp_path: Path) -> Path:
 @pytest.fixture
 def key(root: Path) -> str:
     """The standard test artifact (two payload files), published on node A."""
-    identity = make_identity()
-    result = FilesystemHostWeightStore(root).get_or_build(
-        BuildRequest(identity),
-        SyntheticProducer(identity, make_tensors(), files=2),
-        validation=ValidationLevel.MANIFEST_AND_METADATA,
-        deadline=time.monotonic() + 60.0,
-    )
-    assert result.status is StoreStatus.BUILT and result.lease is not None, result.failure
-    result.lease.close()
-    return identity.key
+    return publish_standard_artifact(FilesystemHostWeightStore(root))
 
 
 def as_json(done: subprocess.CompletedProcess[str]) -> Any:
