@@ -309,7 +309,13 @@ class _Worker:
         self.process.start()
         child.close()
         self.killed = False
-        ready = self.recv()
+        try:
+            ready = self.recv()
+        except EOFError:
+            self.process.join(_REPLY_TIMEOUT_S)
+            raise RuntimeError(
+                f"soak worker failed to start (exit code {self.process.exitcode}); its stderr above says why"
+            ) from None
         if not isinstance(ready, dict) or "ready" not in ready:
             raise RuntimeError(f"soak worker failed to start: {ready!r}")
 
