@@ -14,8 +14,14 @@ import torch
 
 from host_weight_runtime._faults import Fault, FaultAction, arm
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
-from host_weight_runtime.diffusion import FINAL_LAYOUT_BF16_POLICY, FinalLayoutParallelIdentity, TensorParallelPlan
+from host_weight_runtime.diffusion import (
+    FINAL_LAYOUT_BF16_POLICY,
+    FINAL_LAYOUT_FP8_POLICY,
+    FinalLayoutParallelIdentity,
+    TensorParallelPlan,
+)
 from host_weight_runtime.diffusion.identity_adapter import FinalLayoutIdentityContext
+from host_weight_runtime.diffusion.loader import quantize_model_fp8
 from host_weight_runtime.diffusion.parallel.bundle import FinalLayoutBF16BundleProducer
 from host_weight_runtime.diffusion.parallel.ranks import identify_ranks
 from host_weight_runtime.failures import HostWeightError
@@ -28,10 +34,12 @@ from ._diffusion import DIT, Folder, Pipeline, identity_context
 
 
 def rank_contexts(
-    folder: Folder, size: int, plan: TensorParallelPlan | None = None
+    folder: Folder, size: int, plan: TensorParallelPlan | None = None, *, fp8: bool = False
 ) -> tuple[Pipeline, tuple[FinalLayoutIdentityContext, ...]]:
-    """Every rank's identity context on one localized `meta` skeleton of `folder`."""
+    """Every rank's identity context on one localized `meta` skeleton of `folder` (FP8-quantized with `fp8`)."""
     skeleton = folder.skeleton()
+    if fp8:
+        quantize_model_fp8(skeleton)
     holder = Pipeline(skeleton)
     base = identity_context(Pipeline(folder.skeleton()), folder.source()).request
     request = dataclasses.replace(base, parallel=FinalLayoutParallelIdentity(tensor_parallel_size=size))
@@ -41,7 +49,7 @@ def rank_contexts(
         skeleton=skeleton,
         prepared_sources=[folder.source()],
         request=request,
-        policy=FINAL_LAYOUT_BF16_POLICY,
+        policy=FINAL_LAYOUT_FP8_POLICY if fp8 else FINAL_LAYOUT_BF16_POLICY,
         ranks=list(range(size)),
         plan=plan,
     )

@@ -7,7 +7,6 @@ float8_e4m3fn; a TP rank's shard uses the full tensor's scale.
 
 from __future__ import annotations
 
-import dataclasses
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -17,22 +16,19 @@ import torch
 
 from host_weight_runtime.config import RuntimeMode
 from host_weight_runtime.diffusion import (
-    FINAL_LAYOUT_FP8_POLICY,
     FinalLayoutFP8Producer,
     FinalLayoutFP8Restorer,
-    FinalLayoutParallelIdentity,
     FP8Linear,
     HostWeightUsageError,
     load_component,
 )
-from host_weight_runtime.diffusion.identity_adapter import FinalLayoutIdentityContext
 from host_weight_runtime.diffusion.loader import ComponentLoadPath, quantize_model_fp8
 from host_weight_runtime.diffusion.parallel.plan import localize_module
-from host_weight_runtime.diffusion.parallel.ranks import identify_ranks
 from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
 from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
 
-from ._diffusion import DIT, Folder, Pipeline, identity_context, runtime_at, save_folder
+from ._diffusion import DIT, Folder, runtime_at, save_folder
+from ._tp_children import rank_contexts
 from .support import recv_within, spawned_child
 
 FLUX_TP4 = {"num_attention_heads": 4, "attention_head_dim": 8, "axes_dims_rope": (2, 2, 4)}
@@ -130,29 +126,11 @@ def test_unsupported_representation_combinations_are_usage_errors(tmp_path: Path
     assert not (tmp_path / "domain").exists() or not list((tmp_path / "domain").rglob("*.safetensors"))
 
 
-def _fp8_rank_contexts(folder: Folder, size: int) -> tuple[Pipeline, tuple[FinalLayoutIdentityContext, ...]]:
-    skeleton = folder.skeleton()
-    quantize_model_fp8(skeleton)
-    holder = Pipeline(skeleton)
-    base = identity_context(Pipeline(folder.skeleton()), folder.source()).request
-    request = dataclasses.replace(base, parallel=FinalLayoutParallelIdentity(tensor_parallel_size=size))
-    contexts = identify_ranks(
-        holder,
-        dit_name=DIT,
-        skeleton=skeleton,
-        prepared_sources=[folder.source()],
-        request=request,
-        policy=FINAL_LAYOUT_FP8_POLICY,
-        ranks=list(range(size)),
-    )
-    return holder, contexts
-
-
 def test_tp2_fp8_shards_are_slices_of_the_full_tensor_quantization(tmp_path: Path, flux: Folder) -> None:
     """D05/D13: at TP=2 each rank's FP8 artifact holds its slice of the full-tensor quantization and the full
     tensor's scale (so ranks dequantize exactly as TP=1 does); rank keys differ; the FP8 restorer binds them."""
     expected = dict(flux.canonical().named_parameters())
-    holder, contexts = _fp8_rank_contexts(flux, 2)
+    holder, contexts = rank_contexts(flux, 2, fp8=True)
     assert len({context.identity.key for context in contexts}) == 2
     quantized = {name for name, m in holder.get_submodule(DIT).named_modules() if isinstance(m, FP8Linear)}
     split = 0
