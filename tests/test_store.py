@@ -34,10 +34,11 @@ from host_weight_runtime import (
     ValidationLevel,
 )
 from host_weight_runtime._faults import Fault, FaultAction, armed
-from host_weight_runtime.manifest import MANIFEST_FILE_NAME, READY_FILE_NAME, PublicationMarker, manifest_sha256
+from host_weight_runtime.manifest import MANIFEST_FILE_NAME, READY_FILE_NAME
 from host_weight_runtime.protocols import ArtifactWriter
 
 from . import _children
+from ._hostile import reseal
 from .support import SPAWN, SyntheticProducer, make_identity, make_tensors, production_count, reaped_children
 
 META = ValidationLevel.MANIFEST_AND_METADATA
@@ -331,17 +332,7 @@ def _rewrite_manifest(directory: Path, change: dict[str, object], *, content_dig
     manifest.update(change)
     from host_weight_runtime.canonical_json import encode_canonical
 
-    manifest_bytes = encode_canonical(manifest)
-    (directory / MANIFEST_FILE_NAME).write_bytes(manifest_bytes)
-    marker = PublicationMarker.from_bytes((directory / READY_FILE_NAME).read_bytes())
-    forged = PublicationMarker(
-        identity_key=marker.identity_key,
-        publication_id=marker.publication_id,
-        manifest_sha256=manifest_sha256(manifest_bytes),
-        content_digest=content_digest or marker.content_digest,
-        published_at_ns=marker.published_at_ns,
-    )
-    (directory / READY_FILE_NAME).write_bytes(forged.to_bytes())
+    reseal(directory, encode_canonical(manifest), content_digest=content_digest)
 
 
 def _corrupt(directory: Path, case: str) -> None:
