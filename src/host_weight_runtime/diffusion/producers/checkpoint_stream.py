@@ -1,12 +1,13 @@
 """Pre-load production: the same final-layout bytes, streamed straight from the safetensors checkpoint.
 
-No model is built. Rows are read with pread in chunks, cast with the policy's rule and
-written with `write_rows`, so memory beyond the writer stays at about two chunks.
+No model is built. Rows are read with pread in chunks (the next one on a thread while the
+current one is cast with the policy's rule and written with `write_rows`), so memory beyond
+the writer stays at about three chunks.
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Sequence
 
 from ...failures import FailureCode
 from ...protocols import (
@@ -23,6 +24,7 @@ from ..tensor_layout import FinalLayoutTensor
 from ._checkpoint import (
     CheckpointFormatError,
     CheckpointTensor,
+    ReadAhead,
     ScratchBuffer,
     read_column_ranges,
     read_rows,
@@ -121,20 +123,26 @@ class FinalLayoutBF16CheckpointProducer:
                     f"into {final}, but the model expects {tensor.dtype} {list(tensor.shape)}",
                     tensor=tensor.name,
                 )
-        descriptors: dict[str, int] = {}
-        # Each chunk is written (pwrite returns, the writer hashes the file) before the next is read,
-        # so two buffers serve the whole stream: no fresh allocation and page faults per chunk.
-        read_buffer, cast_buffer = ScratchBuffer(), ScratchBuffer()
+        cast_buffer = ScratchBuffer()
+        # The next chunk is read on a thread while this one is cast into the payload file.
+        reader = ReadAhead()
         try:
+
+            def plan_reads(tensors: Sequence[FinalLayoutTensor]) -> None:
+                reader.expect(
+                    [
+                        (index[tensor.name], start, stop)
+                        for tensor in tensors
+                        if tensor.nbytes and tensor.shape and tensor.name not in context.tensor_shards
+                        for start, stop in row_chunks(index[tensor.name], self._chunk_bytes)
+                    ]
+                )
 
             def write_one(file_writer: TensorFileWriter, tensor: FinalLayoutTensor) -> None:
                 if tensor.nbytes == 0:
                     return  # nothing to write; the writer treats an empty tensor as complete
                 entry = index[tensor.name]
-                fd = descriptors.get(str(entry.path))
-                if fd is None:
-                    fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
-                    descriptors[str(entry.path)] = fd
+                fd = reader.descriptor(entry.path)
                 if not tensor.shape:
                     file_writer.write_tensor(tensor.name, read_rows(fd, entry, 0, 0).to(tensor.dtype))
                     return
@@ -144,15 +152,14 @@ class FinalLayoutBF16CheckpointProducer:
                     return
                 for start, stop in row_chunks(entry, self._chunk_bytes):
                     self.largest_chunk_bytes = max(self.largest_chunk_bytes, (stop - start) * entry.row_bytes)
-                    rows = read_rows(fd, entry, start, stop, read_buffer)
+                    rows = reader.rows(entry, start, stop)
                     file_writer.write_rows(tensor.name, start, cast_buffer.cast(rows, tensor.dtype))
 
-            write_all(writer, context, self._shard_bytes, write_one, self._progress)
+            write_all(writer, context, self._shard_bytes, write_one, self._progress, on_file=plan_reads)
         except CheckpointFormatError as exc:
             raise producer_error(FailureCode.PRODUCER_FAILED, str(exc)) from exc
         finally:
-            for fd in descriptors.values():
-                os.close(fd)
+            reader.close()
         context.ensure_sources_unchanged()
         return production_metadata(context, ProductionSourceMode.CHECKPOINT_STREAM.value)
 
