@@ -1,6 +1,6 @@
 """Cold time to ready of `load_component` next to canonical `from_pretrained`, each run a fresh process.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/cold_paths.py --size-gib 0.25 --rounds 3 [--src OTHER/src ...]
+    PYTHONPATH=src .venv/bin/python benchmarks/cold_paths.py --size-gib 0.25 --rounds 3 [--hub] [--src OTHER/src ...]
 
 A targeted stand-in for the cold rows of `hwr bench` (about a minute instead of twenty):
 an FP32 Flux checkpoint is written once; then, round after round and in rotating order,
@@ -9,6 +9,9 @@ canonical, the streaming producer (`stream_on_miss=True`) and canonical + synchr
 publication, each HWR run on a fresh tmpfs domain (so it hashes the checkpoint, as the
 first worker on a node does). With several `--src` trees (e.g. a checkout of the base
 commit) every tree's rows run in the same rounds, so their ratios share the same noise.
+With `--hub` the same rows run in the same rounds from a Hugging Face cache snapshot too
+(the checkpoint's files hard-linked as blobs, loaded offline by repo id), each against
+canonical from that cache: blob names are the content ids, so nothing is hashed.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 _CHILD = r"""
@@ -28,26 +32,44 @@ from pathlib import Path
 from diffusers import FluxTransformer2DModel
 from host_weight_runtime import HostWeightRuntime, HostWeightRuntimeConfig, RuntimeMode, StorageClass
 from host_weight_runtime.diffusion import load_component
-mode, pipeline, root = sys.argv[1], sys.argv[2], sys.argv[3]
+mode, source, root, cache_dir = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+hub = {"cache_dir": cache_dir, "local_files_only": True} if cache_dir else {}
 started = time.perf_counter()
 if mode == "canonical":
-    model = FluxTransformer2DModel.from_pretrained(pipeline, subfolder="transformer", torch_dtype=torch.bfloat16)
+    model = FluxTransformer2DModel.from_pretrained(source, subfolder="transformer", torch_dtype=torch.bfloat16, **hub)
     outcome = "canonical"
 else:
     config = HostWeightRuntimeConfig(mode=RuntimeMode.PREFERRED, root=Path(root), storage_class=StorageClass.TMPFS)
-    loaded = load_component(pipeline, subfolder="transformer", runtime=HostWeightRuntime(config),
-                            stream_on_miss=(mode == "stream"))
+    loaded = load_component(source, subfolder="transformer", runtime=HostWeightRuntime(config),
+                            stream_on_miss=(mode == "stream"), **hub)
     model, outcome = loaded.model, str(loaded.outcome)
 elapsed = time.perf_counter() - started
 print(json.dumps({"s": elapsed, "outcome": outcome}))
 """
 
 
-def _run(src: str, mode: str, pipeline: Path, shm: Path) -> float:
+_HUB_REPO_ID = "hwr-bench/flux"
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One measured way: a source tree, a load mode, and where the checkpoint comes from."""
+
+    src: str
+    mode: str  # canonical, stream or publish
+    hub: bool  # from the hub-cache snapshot by repo id (else the local folder)
+
+    @property
+    def label(self) -> str:
+        return f"{self.mode} (hub cache)" if self.hub else self.mode
+
+
+def _run(row: _Row, pipeline: Path, hub_cache: Path, shm: Path) -> float:
+    source, cache_dir = (_HUB_REPO_ID, str(hub_cache)) if row.hub else (str(pipeline), "")
     with tempfile.TemporaryDirectory(dir=shm, prefix="hwr-cold-") as root:
-        env = {**os.environ, "PYTHONPATH": src}
+        env = {**os.environ, "PYTHONPATH": row.src, **({"HF_HUB_OFFLINE": "1"} if row.hub else {})}
         done = subprocess.run(
-            [sys.executable, "-c", _CHILD, mode, str(pipeline), str(Path(root) / "domain")],
+            [sys.executable, "-c", _CHILD, row.mode, source, str(Path(root) / "domain"), cache_dir],
             env=env,
             check=True,
             capture_output=True,
@@ -64,27 +86,39 @@ def main() -> None:
     parser.add_argument("--src", action="append", default=None, help="source trees to compare (default: ./src)")
     parser.add_argument("--workdir", type=Path, default=Path("/var/tmp"))
     parser.add_argument("--shm", type=Path, default=Path("/dev/shm"))
+    parser.add_argument(
+        "--hub", action="store_true", help="also run every row from a Hugging Face cache snapshot, by repo id"
+    )
     args = parser.parse_args()
     sources = [str(Path(src).resolve()) for src in (args.src or ["src"])]
     sys.path.insert(0, sources[-1])
-    from host_weight_runtime.tools.synthetic_models import save_flux_pipeline_folder
+    from host_weight_runtime.tools.synthetic_models import save_flux_pipeline_folder, save_hub_snapshot
 
-    rows = [(sources[-1], "canonical")] + [(src, mode) for src in sources for mode in ("stream", "publish")]
-    samples: dict[tuple[str, str], list[float]] = {row: [] for row in rows}
+    rows: list[_Row] = []
+    for hub in (False, True) if args.hub else (False,):
+        rows.append(_Row(sources[-1], "canonical", hub))
+        rows.extend(_Row(src, mode, hub) for src in sources for mode in ("stream", "publish"))
+    samples: dict[_Row, list[float]] = {row: [] for row in rows}
     with tempfile.TemporaryDirectory(dir=args.workdir, prefix="hwr-cold-paths-") as work:
         pipeline = Path(work) / "pipeline"
         save_flux_pipeline_folder(pipeline, target_bytes=int(2 * args.size_gib * 2**30), seed=0)
-        _run(sources[-1], "canonical", pipeline, args.shm)  # warm the page cache and the imports
+        hub_cache = Path(work) / "hub-cache"
+        if args.hub:  # hard links: the same bytes and page cache; each file hashed once here for its blob name
+            save_hub_snapshot(hub_cache, _HUB_REPO_ID, pipeline, hard_link=True)
+        for row in rows:  # warm the page cache and the imports
+            if row.mode == "canonical":
+                _run(row, pipeline, hub_cache, args.shm)
         for round_index in range(args.rounds):
             order = rows[round_index % len(rows) :] + rows[: round_index % len(rows)]
-            for src, mode in order:
-                samples[(src, mode)].append(_run(src, mode, pipeline, args.shm))
-    canonical = statistics.median(samples[rows[0]])
-    for (src, mode), values in samples.items():
+            for row in order:
+                samples[row].append(_run(row, pipeline, hub_cache, args.shm))
+    canonical = {row.hub: statistics.median(samples[row]) for row in rows if row.mode == "canonical"}
+    for row, values in samples.items():
         median = statistics.median(values)
+        baseline = "canonical (hub cache)" if row.hub else "canonical"
         print(
-            f"{mode:9s} {src}: {median * 1e3:7.0f} ms [{min(values) * 1e3:.0f}, {max(values) * 1e3:.0f}]"
-            f"  {median / canonical:.2f}x canonical"
+            f"{row.label:21s} {row.src}: {median * 1e3:7.0f} ms [{min(values) * 1e3:.0f}, {max(values) * 1e3:.0f}]"
+            f"  {median / canonical[row.hub]:.2f}x {baseline}"
         )
 
 

@@ -413,11 +413,15 @@ def save_flux_pipeline_folder(
 # Hugging Face cache layout
 
 
-def save_hub_snapshot(cache_dir: Path, repo_id: str, folder: Path, *, revision: str | None = None) -> Path:
+def save_hub_snapshot(
+    cache_dir: Path, repo_id: str, folder: Path, *, revision: str | None = None, hard_link: bool = False
+) -> Path:
     """Copy `folder` into `cache_dir` as the huggingface_hub cache does; returns the snapshot directory.
 
-    Running it again with the same content is a no-op; a snapshot path that already links
-    to different content raises FileExistsError.
+    `hard_link=True` makes each blob a hard link of its source file instead of a copy (same
+    filesystem only): the same bytes, no second copy on disk or in the page cache. Running it
+    again with the same content is a no-op; a snapshot path that already links to different
+    content raises FileExistsError.
     """
     parts = repo_id.split("/")
     if len(parts) != 2 or not all(_REPO_PART.fullmatch(part) for part in parts):
@@ -440,7 +444,10 @@ def save_hub_snapshot(cache_dir: Path, repo_id: str, folder: Path, *, revision: 
         digest = _sha256_file(source)
         blob = blobs / digest
         if not blob.exists():
-            _copy_to_new_file(source, blob)
+            if hard_link:
+                os.link(source, blob)
+            else:
+                _copy_to_new_file(source, blob)
         link = snapshot / relative
         link.parent.mkdir(parents=True, exist_ok=True)
         target = Path(*([".."] * (len(relative.parts) + 1)), "blobs", digest)

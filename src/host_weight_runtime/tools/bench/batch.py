@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .measure import RowSpec
-from .worker import worker_command
+from .worker import worker_command, worker_environment
 
 __all__ = ["WorkerBatch", "evict_from_page_cache"]
 
@@ -40,7 +40,11 @@ class WorkerBatch:
             for spec in specs:
                 self._processes.append(
                     subprocess.Popen(
-                        worker_command(spec, hold=hold), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
+                        worker_command(spec, hold=hold),
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=log,
+                        env=worker_environment(spec),
                     )
                 )
                 self._buffers.append(b"")

@@ -67,9 +67,10 @@ class RowSpec:
 
     name: str
     kind: LoadKind
-    pipeline: str
+    pipeline: str  # a folder, or a repo id in the Hugging Face cache `cache_dir`
     subfolder: str
     root: str | None = None  # HWR: the domain root
+    cache_dir: str | None = None  # CANONICAL, HWR: the Hugging Face cache holding `pipeline` (a repo id)
     stream_on_miss: bool = False  # HWR: stream the checkpoint into the artifact on a miss
     publish_in_background: bool = False  # HWR: return the canonical model, publish on a thread
     peer: str | None = None  # PEER: the peer's name
@@ -88,6 +89,7 @@ class RowSpec:
             "pipeline": self.pipeline,
             "subfolder": self.subfolder,
             "root": self.root,
+            "cache_dir": self.cache_dir,
             "stream_on_miss": self.stream_on_miss,
             "publish_in_background": self.publish_in_background,
             "peer": self.peer,
@@ -108,6 +110,7 @@ class RowSpec:
             pipeline=str(value["pipeline"]),
             subfolder=str(value["subfolder"]),
             root=None if value.get("root") is None else str(value["root"]),
+            cache_dir=None if value.get("cache_dir") is None else str(value["cache_dir"]),
             stream_on_miss=bool(value.get("stream_on_miss", False)),
             publish_in_background=bool(value.get("publish_in_background", False)),
             peer=None if value.get("peer") is None else str(value["peer"]),
@@ -227,8 +230,11 @@ def _runtime(root: str, spec: RowSpec) -> HostWeightRuntime:
 
 
 def _load(spec: RowSpec, flux_class: Any) -> _Loaded:
+    # A repo id in a local cache: offline as a cluster worker runs (diffusers asks the Hub for a sharded
+    # checkpoint's file list unless local_files_only, even with HF_HUB_OFFLINE=1).
+    hub: dict[str, Any] = {} if spec.cache_dir is None else {"cache_dir": spec.cache_dir, "local_files_only": True}
     if spec.kind is LoadKind.CANONICAL:
-        model = flux_class.from_pretrained(spec.pipeline, subfolder=spec.subfolder, torch_dtype=torch.bfloat16)
+        model = flux_class.from_pretrained(spec.pipeline, subfolder=spec.subfolder, torch_dtype=torch.bfloat16, **hub)
         return _Loaded(model)
     if spec.kind is LoadKind.HWR:
         if spec.root is None:
@@ -241,6 +247,7 @@ def _load(spec: RowSpec, flux_class: Any) -> _Loaded:
             runtime=_runtime(spec.root, spec),
             stream_on_miss=spec.stream_on_miss,
             publish_in_background=spec.publish_in_background,
+            **hub,
         )
         return _Loaded(component.model, component=component)
     if spec.peer is None or spec.peer_file is None:
@@ -304,6 +311,7 @@ def _component_facts(component: LoadedComponent | None) -> dict[str, JsonValue]:
             "outcome": None,
             "attempts": [],
             "load_path": "canonical",
+            "identity_key": None,
             "publication": None,
             "publication_ms": None,
             "failure": None,
@@ -326,6 +334,7 @@ def _component_facts(component: LoadedComponent | None) -> dict[str, JsonValue]:
         "outcome": None if component.outcome is None else component.outcome.value,
         "attempts": [] if component.resolution is None else [a.result.value for a in component.resolution.attempts],
         "load_path": component.load_path.value,
+        "identity_key": component.identity_key or None,
         "publication": None if publication is None else publication.status.value,
         "publication_ms": None if publication is None else publication.elapsed_s * 1000.0,
         "failure": None if failure is None else f"[{failure.code.value}] {failure.message}",

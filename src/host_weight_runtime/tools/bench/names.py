@@ -4,10 +4,15 @@ from __future__ import annotations
 
 __all__ = [
     "CANONICAL",
+    "CANONICAL_HUB",
     "COLD",
     "COLD_BACKGROUND",
+    "COLD_BACKGROUND_HUB",
     "COLD_PUBLISH",
+    "COLD_PUBLISH_HUB",
     "COLD_STREAM",
+    "COLD_STREAM_HUB",
+    "HUB_REPO_ID",
     "HOT",
     "REMOTE_FILE",
     "REMOTE_S3",
@@ -23,6 +28,12 @@ CANONICAL = "canonical"
 COLD_PUBLISH = "hwr cold: canonical + publish"
 COLD_STREAM = "hwr cold: streaming producer"
 COLD_BACKGROUND = "hwr cold: canonical + background publish"
+# The same checkpoint as a Hugging Face cache snapshot, loaded by repo id: blob names are the content ids.
+HUB_REPO_ID = "hwr-bench/flux"
+CANONICAL_HUB = "canonical (hub cache)"
+COLD_PUBLISH_HUB = "hwr cold (hub cache): canonical + publish"
+COLD_BACKGROUND_HUB = "hwr cold (hub cache): canonical + background publish"
+COLD_STREAM_HUB = "hwr cold (hub cache): streaming producer"
 WARM_SHM = "hwr warm: /dev/shm"
 WARM_VERIFY_ON = "hwr warm: first lease, background verify on"
 WARM_VERIFY_OFF = "hwr warm: background verify off"

@@ -1,6 +1,7 @@
 """`hwr bench`: every row measured side by side in one run, on one real diffusers Flux transformer.
 
-Setup (in this process): an FP32 Flux checkpoint on disk, an artifact published into a
+Setup (in this process): an FP32 Flux checkpoint on disk (a folder, and the same files hard-linked
+into a Hugging Face cache snapshot, so the cold rows run from both), an artifact published into a
 `/dev/shm` domain and, where a huge-page tmpfs can be mounted, into a domain there; the
 artifact's final-layout BF16 tensors written in each peer's format on disk, plus a
 safetensors copy on each tmpfs for the bare-mmap-views reference. Then every run is a
@@ -39,18 +40,23 @@ from host_weight_runtime.diffusion import load_component, prewarm_component
 
 from ..common import JsonValue, remove_tree
 from ..demo_store import _terminate_as_exit
-from ..synthetic_models import TRANSFORMER_SUBFOLDER, save_flux_pipeline_folder
+from ..synthetic_models import TRANSFORMER_SUBFOLDER, save_flux_pipeline_folder, save_hub_snapshot
 from .batch import WorkerBatch, evict_from_page_cache
 from .goals import goals, ratio
 from .machine import describe_machine, filesystem_type
 from .measure import LoadKind, RowSpec, memory_rollup
 from .names import (
     CANONICAL,
+    CANONICAL_HUB,
     COLD,
     COLD_BACKGROUND,
+    COLD_BACKGROUND_HUB,
     COLD_PUBLISH,
+    COLD_PUBLISH_HUB,
     COLD_STREAM,
+    COLD_STREAM_HUB,
     HOT,
+    HUB_REPO_ID,
     VIEWS_HUGE,
     VIEWS_SHM,
     WARM_HUGE,
@@ -214,6 +220,7 @@ class _Row:
     memory_group: bool = True  # measured as 4 concurrent held workers too
     cold_cache: bool = True  # measured with the page cache cold too
     before_run: Callable[[], None] | None = None  # run before each measured run (untimed)
+    baseline: str = CANONICAL  # the row its "vs canonical" ratio and goals compare with
 
 
 class _Measurements:
@@ -327,6 +334,7 @@ def _summarize_solo(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "pages": sorted({int(row["pages"]) for row in rows}),
         "checksums": sorted({int(row["checksum"]) for row in rows}),
         "outcomes": sorted({str(row["outcome"]) for row in rows}),
+        "identity_keys": sorted({str(row["identity_key"]) for row in rows if row["identity_key"] is not None}),
         "publications": sorted({str(row["publication"]) for row in rows}),
         "failures": sorted({str(row["failure"]) for row in rows if row["failure"] is not None}),
         "published_ms": None
@@ -369,6 +377,11 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
             with path.open("rb") as handle:
                 os.fsync(handle.fileno())
         checkpoint_bytes = sum(path.stat().st_size for path in checkpoint_files)
+        hub_cache = disk_dir / "hub-cache"
+        say(f"setup: hard-linking the checkpoint into a Hugging Face cache snapshot of {HUB_REPO_ID} in {hub_cache}")
+        # Each file is hashed once, here, for its blob name; the hard links share the folder's bytes and pages.
+        hub_snapshot = save_hub_snapshot(hub_cache, HUB_REPO_ID, pipeline, hard_link=True)
+        hub_blobs = tuple(sorted(path.resolve() for path in (hub_snapshot / TRANSFORMER_SUBFOLDER).iterdir()))
 
         warm_root = shm_dir / "domain"
         say(f"setup: publishing the artifact into {warm_root}")
@@ -408,6 +421,16 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
         def spec(name: str, kind: LoadKind, **extra: Any) -> RowSpec:
             return RowSpec(name=name, kind=kind, pipeline=str(pipeline), subfolder=TRANSFORMER_SUBFOLDER, **extra)
 
+        def hub_spec(name: str, kind: LoadKind, **extra: Any) -> RowSpec:
+            return RowSpec(
+                name=name,
+                kind=kind,
+                pipeline=HUB_REPO_ID,
+                subfolder=TRANSFORMER_SUBFOLDER,
+                cache_dir=str(hub_cache),
+                **extra,
+            )
+
         checkpoint = tuple(checkpoint_files)
         rows: list[_Row] = [
             _Row(
@@ -436,6 +459,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
                 fresh_domain=True,
                 memory_group=False,
             ),
+            *_hub_rows(hub_spec, hub_blobs),
             _Row(
                 spec(WARM_SHM, LoadKind.HWR, root=str(warm_root)), "load_component hit, zero-copy restore", checkpoint
             ),
@@ -533,6 +557,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
             entry: dict[str, Any] = {
                 "description": row.description,
                 "cold_start": row.fresh_domain,
+                "baseline": row.baseline,
                 HOT: measurements.solo(row, HOT),
             }
             if row.memory_group and (options.all_memory_groups or row.spec.name in _GOAL_MEMORY_ROWS):
@@ -580,6 +605,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
             "model": {
                 "class": "FluxTransformer2DModel",
                 "checkpoint_bytes": checkpoint_bytes,
+                "hub_repo_id": HUB_REPO_ID,
                 "artifact_bytes": prewarm.total_bytes,
                 "tensors": prewarm.tensor_count,
             },
@@ -596,6 +622,49 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
         }
         data["goals"] = goals(data)
         return BenchReport(data)
+
+
+def _hub_rows(hub_spec: Callable[..., RowSpec], blobs: tuple[Path, ...]) -> list[_Row]:
+    """The cold rows again, loaded by repo id from the hub-cache snapshot, each against canonical from there.
+
+    A validated snapshot's blob names are the files' SHA-256, so the first worker on a node
+    hashes nothing: the difference to the folder rows is the checkpoint hashing.
+    """
+    hub = "from the Hugging Face cache snapshot by repo id (content ids from blob names, nothing hashed)"
+    return [
+        _Row(
+            hub_spec(CANONICAL_HUB, LoadKind.CANONICAL),
+            f"diffusers from_pretrained(repo id, cache_dir=..., torch_dtype=bfloat16) {hub}",
+            blobs,
+            memory_group=False,
+            baseline=CANONICAL_HUB,
+        ),
+        _Row(
+            hub_spec(COLD_PUBLISH_HUB, LoadKind.HWR, root=""),
+            f"load_component on an empty domain {hub}: canonical load, then publication",
+            blobs,
+            fresh_domain=True,
+            memory_group=False,
+            baseline=CANONICAL_HUB,
+        ),
+        _Row(
+            hub_spec(COLD_BACKGROUND_HUB, LoadKind.HWR, root="", publish_in_background=True),
+            f"load_component(publish_in_background=True) on an empty domain {hub}: canonical load, artifact "
+            "on a thread",
+            blobs,
+            fresh_domain=True,
+            memory_group=False,
+            baseline=CANONICAL_HUB,
+        ),
+        _Row(
+            hub_spec(COLD_STREAM_HUB, LoadKind.HWR, root="", stream_on_miss=True),
+            f"load_component(stream_on_miss=True) on an empty domain {hub}: streaming producer, then restore",
+            blobs,
+            fresh_domain=True,
+            memory_group=False,
+            baseline=CANONICAL_HUB,
+        ),
+    ]
 
 
 def _forget_verification(store: FilesystemHostWeightStore, key: str) -> None:

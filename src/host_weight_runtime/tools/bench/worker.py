@@ -26,7 +26,7 @@ from typing import Any
 from .measure import LoadKind, RowSpec, join_group, leave_group, model_class, run_row
 from .peers import peer_named
 
-__all__ = ["ENV_PROFILE", "main", "worker_command"]
+__all__ = ["ENV_PROFILE", "main", "worker_command", "worker_environment"]
 
 ENV_PROFILE = "HWR_BENCH_PROFILE"
 
@@ -35,6 +35,14 @@ def worker_command(spec: RowSpec, *, hold: bool) -> list[str]:
     """The command line of a worker for one run of `spec`."""
     arguments = [sys.executable, "-m", "host_weight_runtime.tools.bench.worker", json.dumps(spec.to_dict())]
     return [*arguments, "--hold"] if hold else arguments
+
+
+def worker_environment(spec: RowSpec) -> dict[str, str] | None:
+    """The worker's environment: a hub-cache row runs with HF_HUB_OFFLINE=1 (set before huggingface_hub is
+    imported, which reads it once), so diffusers never asks the network; None inherits the runner's."""
+    if spec.cache_dir is None:
+        return None
+    return {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
 def _preload(spec: RowSpec) -> object:
