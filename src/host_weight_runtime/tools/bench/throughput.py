@@ -134,7 +134,9 @@ def _raw_write(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         try:
             group = names[index::_FILES]
-            os.posix_fallocate(fd, 0, sum(tensors[n].numel() * tensors[n].element_size() for n in group))
+            group_bytes = sum(tensors[n].numel() * tensors[n].element_size() for n in group)
+            if group_bytes:  # a tiny model may leave a file empty, and fallocate refuses a zero length
+                os.posix_fallocate(fd, 0, group_bytes)
             offset = 0
             for name in group:
                 view = memoryview(tensors[name].reshape(-1).view(torch.uint8).numpy().data)
