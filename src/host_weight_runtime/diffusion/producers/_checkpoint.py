@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections import deque
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,14 +18,7 @@ import torch
 from ...canonical_json import decode_json
 from ...tensors import dtype_from_code
 
-__all__ = [
-    "CheckpointTensor",
-    "ReadAhead",
-    "ScratchBuffer",
-    "read_column_ranges",
-    "read_rows",
-    "read_safetensors_header",
-]
+__all__ = ["CheckpointTensor", "ScratchBuffer", "read_column_ranges", "read_rows", "read_safetensors_header"]
 
 _MAX_HEADER_BYTES = 100 * 2**20
 
@@ -145,84 +136,6 @@ class ScratchBuffer:
         out = self.take(rows.numel() * dtype.itemsize).view(dtype).reshape(rows.shape)
         out.copy_(rows)
         return out
-
-
-RowRead = tuple[CheckpointTensor, int, int]
-"""One row range of a checkpoint tensor: (tensor, start_row, stop_row)."""
-
-
-class ReadAhead:
-    """Reads the next row chunk on a thread while the caller converts and writes the current one.
-
-    The caller announces the order it will ask for chunks in (`expect`), then asks for them
-    (`rows`) one after another; the chunks alternate between two reused buffers, so a chunk
-    stays valid until the next `rows` call. A request off the announced order
-    is read directly. pread and the caller's cast both release the GIL, so on two cores the
-    reading costs next to nothing.
-    """
-
-    __slots__ = ("_buffers", "_descriptors", "_expected", "_in_flight", "_next_buffer", "_pool")
-
-    def __init__(self) -> None:
-        self._buffers = (ScratchBuffer(), ScratchBuffer())
-        self._next_buffer = 0
-        self._descriptors: dict[Path, int] = {}
-        self._expected: deque[RowRead] = deque()
-        self._in_flight: tuple[RowRead, Future[torch.Tensor]] | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-read-ahead")
-
-    def descriptor(self, path: Path) -> int:
-        """An open read-only descriptor of `path`, kept until `close()`."""
-        fd = self._descriptors.get(path)
-        if fd is None:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            self._descriptors[path] = fd
-        return fd
-
-    def expect(self, reads: Sequence[RowRead]) -> None:
-        """The chunks the caller asks for next, in order; the first starts reading now."""
-        self._settle()
-        self._expected = deque(reads)
-        self._start_next()
-
-    def rows(self, tensor: CheckpointTensor, start_row: int, stop_row: int) -> torch.Tensor:
-        """Rows [start_row, stop_row) of `tensor`, valid until the next call; the chunk after it starts reading."""
-        in_flight, self._in_flight = self._in_flight, None
-        if in_flight is None or in_flight[0] != (tensor, start_row, stop_row):
-            if in_flight is not None:
-                in_flight[1].exception()  # wait: the buffer it fills may be the one read into next
-            self._expected.clear()
-            return read_rows(self.descriptor(tensor.path), tensor, start_row, stop_row, self._take_buffer())
-        rows = in_flight[1].result()
-        self._start_next()
-        return rows
-
-    def close(self) -> None:
-        """Wait for a read in flight, then close every descriptor; never raises."""
-        self._expected.clear()
-        self._settle()
-        self._pool.shutdown(wait=True)
-        for fd in self._descriptors.values():
-            os.close(fd)
-        self._descriptors.clear()
-
-    def _take_buffer(self) -> ScratchBuffer:
-        buffer = self._buffers[self._next_buffer]
-        self._next_buffer ^= 1
-        return buffer
-
-    def _start_next(self) -> None:
-        if not self._expected:
-            return
-        read = self._expected.popleft()
-        tensor, start_row, stop_row = read
-        fd, buffer = self.descriptor(tensor.path), self._take_buffer()
-        self._in_flight = (read, self._pool.submit(read_rows, fd, tensor, start_row, stop_row, buffer))
-
-    def _settle(self) -> None:
-        in_flight, self._in_flight = self._in_flight, None
-        if in_flight is not None:
-            in_flight[1].exception()  # its error, if any, belongs to a chunk nobody asks for any more
 
 
 def _pread_exact(fd: int, view: memoryview, offset: int, tensor: CheckpointTensor) -> None:

@@ -17,9 +17,6 @@ ProgressCallback = Callable[[int, int], None]
 
 TensorWriter = Callable[[TensorFileWriter, FinalLayoutTensor], None]
 
-FileStart = Callable[[Sequence[FinalLayoutTensor]], None]
-"""Called once per payload file, before its first write, with its tensors in write order."""
-
 
 def producer_error(code: FailureCode, message: str, **details: str | int) -> HostWeightError:
     return HostWeightError(
@@ -49,8 +46,6 @@ def write_all(
     shard_bytes: int,
     write_one: TensorWriter,
     progress: ProgressCallback | None,
-    *,
-    on_file: FileStart | None = None,
 ) -> None:
     """Open each payload file ordered, write its tensors in the writer's layout order, close it."""
     total = context.total_bytes
@@ -60,10 +55,8 @@ def write_all(
     for file_name, group in plan_shards(context.tensors, shard_bytes):
         by_name = {tensor.name: tensor for tensor in group}
         file_writer = writer.open_tensor_file(file_name, tuple(t.write_spec() for t in group), ordered=True)
-        in_order = [by_name[spec.name] for spec in getattr(file_writer, "layout", tuple(t.write_spec() for t in group))]
-        if on_file is not None:
-            on_file(in_order)
-        for tensor in in_order:
+        for spec in getattr(file_writer, "layout", tuple(t.write_spec() for t in group)):
+            tensor = by_name[spec.name]
             write_one(file_writer, tensor)
             done += tensor.nbytes
             if progress is not None:

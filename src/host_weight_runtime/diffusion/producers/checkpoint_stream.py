@@ -1,13 +1,12 @@
 """Pre-load production: the same final-layout bytes, streamed straight from the safetensors checkpoint.
 
-No model is built. Rows are read with pread in chunks (the next one on a thread while the
-current one is cast with the policy's rule and written with `write_rows`), so memory beyond
-the writer stays at about three chunks.
+No model is built. Rows are read with pread in chunks, cast with the policy's rule and
+written with `write_rows`, so memory beyond the writer stays at about two chunks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
 
 from ...failures import FailureCode
 from ...protocols import (
@@ -24,7 +23,6 @@ from ..tensor_layout import FinalLayoutTensor
 from ._checkpoint import (
     CheckpointFormatError,
     CheckpointTensor,
-    ReadAhead,
     ScratchBuffer,
     read_column_ranges,
     read_rows,
@@ -123,26 +121,20 @@ class FinalLayoutBF16CheckpointProducer:
                     f"into {final}, but the model expects {tensor.dtype} {list(tensor.shape)}",
                     tensor=tensor.name,
                 )
-        cast_buffer = ScratchBuffer()
-        # The next chunk is read on a thread while this one is cast into the payload file.
-        reader = ReadAhead()
+        descriptors: dict[str, int] = {}
+        # Each chunk is written (pwrite returns, the writer hashes the file) before the next is read,
+        # so two buffers serve the whole stream: no fresh allocation and page faults per chunk.
+        read_buffer, cast_buffer = ScratchBuffer(), ScratchBuffer()
         try:
-
-            def plan_reads(tensors: Sequence[FinalLayoutTensor]) -> None:
-                reader.expect(
-                    [
-                        (index[tensor.name], start, stop)
-                        for tensor in tensors
-                        if tensor.nbytes and tensor.shape and tensor.name not in context.tensor_shards
-                        for start, stop in row_chunks(index[tensor.name], self._chunk_bytes)
-                    ]
-                )
 
             def write_one(file_writer: TensorFileWriter, tensor: FinalLayoutTensor) -> None:
                 if tensor.nbytes == 0:
                     return  # nothing to write; the writer treats an empty tensor as complete
                 entry = index[tensor.name]
-                fd = reader.descriptor(entry.path)
+                fd = descriptors.get(str(entry.path))
+                if fd is None:
+                    fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+                    descriptors[str(entry.path)] = fd
                 if not tensor.shape:
                     file_writer.write_tensor(tensor.name, read_rows(fd, entry, 0, 0).to(tensor.dtype))
                     return
@@ -152,14 +144,15 @@ class FinalLayoutBF16CheckpointProducer:
                     return
                 for start, stop in row_chunks(entry, self._chunk_bytes):
                     self.largest_chunk_bytes = max(self.largest_chunk_bytes, (stop - start) * entry.row_bytes)
-                    rows = reader.rows(entry, start, stop)
+                    rows = read_rows(fd, entry, start, stop, read_buffer)
                     file_writer.write_rows(tensor.name, start, cast_buffer.cast(rows, tensor.dtype))
 
-            write_all(writer, context, self._shard_bytes, write_one, self._progress, on_file=plan_reads)
+            write_all(writer, context, self._shard_bytes, write_one, self._progress)
         except CheckpointFormatError as exc:
             raise producer_error(FailureCode.PRODUCER_FAILED, str(exc)) from exc
         finally:
-            reader.close()
+            for fd in descriptors.values():
+                os.close(fd)
         context.ensure_sources_unchanged()
         return production_metadata(context, ProductionSourceMode.CHECKPOINT_STREAM.value)
 
