@@ -6,6 +6,8 @@ its resident memory stays at one chunk no matter how large the shards are.
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 import struct
 from collections.abc import Iterator
@@ -15,12 +17,21 @@ from typing import Any
 
 import torch
 
+from ..._faults import fault_point
 from ...canonical_json import decode_json
 from ...tensors import dtype_from_code
 
-__all__ = ["CheckpointTensor", "ScratchBuffer", "read_column_ranges", "read_rows", "read_safetensors_header"]
+__all__ = [
+    "CheckpointTensor",
+    "ScratchBuffer",
+    "mapped_rows",
+    "read_column_ranges",
+    "read_rows",
+    "read_safetensors_header",
+]
 
 _MAX_HEADER_BYTES = 100 * 2**20
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14; Python names it from 3.13 on
 
 
 class CheckpointFormatError(ValueError):
@@ -111,6 +122,47 @@ def read_rows(
     if target is not None:
         return target.view(tensor.dtype).reshape(shape)
     return torch.frombuffer(buffer, dtype=tensor.dtype).reshape(shape)
+
+
+def mapped_rows(fd: int, tensor: CheckpointTensor, start_row: int, stop_row: int) -> torch.Tensor:
+    """Rows [start_row, stop_row) of a tensor as a read-only-in-practice view of the checkpoint's page cache.
+
+    Casting straight from the mapping saves the copy a pread makes (about 0.13 s per GiB of
+    FP32 on the 2-core VM); only this chunk is mapped, so the mapped memory stays one chunk.
+    Dropping the view unmaps the chunk. The pages are faulted in up front, so a file cut short
+    raises CheckpointFormatError here rather than a SIGBUS in the cast; one truncated in place during the cast
+    can still raise SIGBUS, as it can under any mmap loader, diffusers' own included.
+    """
+    if not tensor.shape:
+        offset, length, shape = tensor.begin, tensor.end - tensor.begin, tensor.shape
+    else:
+        offset = tensor.begin + start_row * tensor.row_bytes
+        length = (stop_row - start_row) * tensor.row_bytes
+        shape = (stop_row - start_row, *tensor.shape[1:])
+    if length == 0:
+        return torch.empty(shape, dtype=tensor.dtype)
+    aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
+    # Private and writable only so torch gets a writable buffer; nothing writes to it, so no page is copied.
+    try:
+        mapping = mmap.mmap(
+            fd, offset - aligned + length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=aligned
+        )
+    except ValueError as exc:  # the range reaches past the end of the file
+        raise CheckpointFormatError(f"{tensor.path} ended while reading tensor {tensor.key!r}") from exc
+    fault_point("checkpoint.mapped")  # tests cut the file short here, between mapping and faulting in
+    try:
+        mapping.madvise(_MADV_POPULATE_READ)
+    except OSError as exc:
+        if exc.errno in (errno.EFAULT, errno.EIO):
+            raise CheckpointFormatError(f"{tensor.path} ended while reading tensor {tensor.key!r}") from exc
+        if exc.errno != errno.EINVAL:  # EINVAL: a kernel before 5.14; the cast faults the pages in
+            raise
+    # The tensor holds the mapping and unmaps it when the last view is gone: never closed under a live view.
+    return (
+        torch.frombuffer(mapping, dtype=torch.uint8, count=length, offset=offset - aligned)
+        .view(tensor.dtype)
+        .reshape(shape)
+    )
 
 
 class ScratchBuffer:

@@ -1,7 +1,8 @@
 """Pre-load production: the same final-layout bytes, streamed straight from the safetensors checkpoint.
 
-No model is built. Rows are read with pread in chunks, cast with the policy's rule and
-written with `write_rows`, so memory beyond the writer stays at about two chunks.
+No model is built. Rows are mapped from the checkpoint in chunks, cast with the policy's
+rule into one reused buffer and written with `write_rows`, so memory beyond the writer
+stays at about two chunks (one mapped, one cast).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ._checkpoint import (
     CheckpointFormatError,
     CheckpointTensor,
     ScratchBuffer,
+    mapped_rows,
     read_column_ranges,
     read_rows,
     read_safetensors_header,
@@ -122,9 +124,9 @@ class FinalLayoutBF16CheckpointProducer:
                     tensor=tensor.name,
                 )
         descriptors: dict[str, int] = {}
-        # Each chunk is written (pwrite returns, the writer hashes the file) before the next is read,
-        # so two buffers serve the whole stream: no fresh allocation and page faults per chunk.
-        read_buffer, cast_buffer = ScratchBuffer(), ScratchBuffer()
+        # Each chunk is cast from a mapping of the checkpoint into one reused buffer and written
+        # (pwrite returns, the writer hashes the file) before the next: no fresh allocation per chunk.
+        cast_buffer = ScratchBuffer()
         try:
 
             def write_one(file_writer: TensorFileWriter, tensor: FinalLayoutTensor) -> None:
@@ -144,8 +146,9 @@ class FinalLayoutBF16CheckpointProducer:
                     return
                 for start, stop in row_chunks(entry, self._chunk_bytes):
                     self.largest_chunk_bytes = max(self.largest_chunk_bytes, (stop - start) * entry.row_bytes)
-                    rows = read_rows(fd, entry, start, stop, read_buffer)
+                    rows = mapped_rows(fd, entry, start, stop)
                     file_writer.write_rows(tensor.name, start, cast_buffer.cast(rows, tensor.dtype))
+                    del rows  # unmaps the chunk
 
             write_all(writer, context, self._shard_bytes, write_one, self._progress)
         except CheckpointFormatError as exc:
