@@ -6,6 +6,7 @@ and a file cut short must fail as a damaged checkpoint, not kill the process.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -78,5 +79,18 @@ def test_a_file_cut_short_fails_as_a_damaged_checkpoint(checkpoint: dict[str, Ch
                 hook = Fault(FaultAction.PAUSE, hook=lambda _point: os.truncate(first.path, cut_at))
                 with armed("checkpoint.mapped", hook):
                     mapped_rows(fd, first, 0, first.shape[0])
+    finally:
+        os.close(fd)
+
+
+def test_a_file_that_cannot_be_mapped_is_read_instead(checkpoint: dict[str, CheckpointTensor]) -> None:
+    """Issue 13: where the filesystem refuses to map the checkpoint (ENODEV), the rows are read with pread."""
+    tensor = checkpoint["a.weight"]
+    fd = os.open(tensor.path, os.O_RDONLY)
+    try:
+        expected = read_rows(fd, tensor, 3, 1500)
+        with armed("checkpoint.map", Fault(FaultAction.RAISE_OSERROR, errno=errno.ENODEV)):
+            rows = mapped_rows(fd, tensor, 3, 1500)
+        assert torch.equal(rows, expected)
     finally:
         os.close(fd)

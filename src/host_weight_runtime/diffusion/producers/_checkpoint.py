@@ -144,16 +144,19 @@ def mapped_rows(fd: int, tensor: CheckpointTensor, start_row: int, stop_row: int
     aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
     # Private and writable only so torch gets a writable buffer; nothing writes to it, so no page is copied.
     try:
+        fault_point("checkpoint.map")
         mapping = mmap.mmap(
             fd, offset - aligned + length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=aligned
         )
     except ValueError as exc:  # the range reaches past the end of the file
         raise CheckpointFormatError(f"{tensor.path} ended while reading tensor {tensor.key!r}") from exc
+    except OSError:  # a filesystem that cannot map files: read the rows instead
+        return read_rows(fd, tensor, start_row, stop_row)
     fault_point("checkpoint.mapped")  # tests cut the file short here, between mapping and faulting in
     try:
         mapping.madvise(_MADV_POPULATE_READ)
     except OSError as exc:
-        if exc.errno in (errno.EFAULT, errno.EIO):
+        if exc.errno == errno.EFAULT:  # a page past the end of the file: it was cut short
             raise CheckpointFormatError(f"{tensor.path} ended while reading tensor {tensor.key!r}") from exc
         if exc.errno != errno.EINVAL:  # EINVAL: a kernel before 5.14; the cast faults the pages in
             raise
