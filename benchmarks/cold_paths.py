@@ -4,10 +4,12 @@
 
 A targeted stand-in for the cold rows of `hwr bench` (about a minute instead of twenty):
 an FP32 Flux checkpoint is written once; then, round after round and in rotating order,
-a fresh interpreter per run imports everything, and only the load call is timed:
-canonical, the streaming producer (`stream_on_miss=True`) and canonical + synchronous
-publication, each HWR run on a fresh tmpfs domain (so it hashes the checkpoint, as the
-first worker on a node does). With several `--src` trees (e.g. a checkout of the base
+a fresh interpreter per run imports everything, and its time to ready is timed as
+`hwr bench` times it (the load call, then one byte read in every 4 KiB page of every
+weight): canonical, the streaming producer (`stream_on_miss=True`), canonical + synchronous
+publication and canonical + background publication (`publish_in_background=True`; it also
+reports when the artifact was published), each HWR run on a fresh tmpfs domain (so it
+hashes the checkpoint, as the first worker on a node does). `--modes` picks some. With several `--src` trees (e.g. a checkout of the base
 commit) every tree's rows run in the same rounds, so their ratios share the same noise.
 With `--hub` the same rows run in the same rounds from a Hugging Face cache snapshot too
 (the checkpoint's files hard-linked as blobs, loaded offline by repo id), each against
@@ -32,6 +34,7 @@ from pathlib import Path
 from diffusers import FluxTransformer2DModel
 from host_weight_runtime import HostWeightRuntime, HostWeightRuntimeConfig, RuntimeMode, StorageClass
 from host_weight_runtime.diffusion import load_component
+from host_weight_runtime.tools.bench.measure import touch_model
 mode, source, root, cache_dir = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 hub = {"cache_dir": cache_dir, "local_files_only": True} if cache_dir else {}
 started = time.perf_counter()
@@ -41,10 +44,16 @@ if mode == "canonical":
 else:
     config = HostWeightRuntimeConfig(mode=RuntimeMode.PREFERRED, root=Path(root), storage_class=StorageClass.TMPFS)
     loaded = load_component(source, subfolder="transformer", runtime=HostWeightRuntime(config),
-                            stream_on_miss=(mode == "stream"), **hub)
+                            stream_on_miss=(mode == "stream"), publish_in_background=(mode == "background"), **hub)
     model, outcome = loaded.model, str(loaded.outcome)
-elapsed = time.perf_counter() - started
-print(json.dumps({"s": elapsed, "outcome": outcome}))
+loaded_at = time.perf_counter()
+touch_model(model)
+ready = time.perf_counter() - started
+published = None
+if mode == "background":
+    assert loaded.background_publication.wait(600) and loaded.background_publication.failure is None
+    published = time.perf_counter() - started
+print(json.dumps({"s": ready, "load_s": loaded_at - started, "published_s": published, "outcome": outcome}))
 """
 
 
@@ -56,7 +65,7 @@ class _Row:
     """One measured way: a source tree, a load mode, and where the checkpoint comes from."""
 
     src: str
-    mode: str  # canonical, stream or publish
+    mode: str  # canonical, stream, publish or background
     hub: bool  # from the hub-cache snapshot by repo id (else the local folder)
 
     @property
@@ -64,7 +73,7 @@ class _Row:
         return f"{self.mode} (hub cache)" if self.hub else self.mode
 
 
-def _run(row: _Row, pipeline: Path, hub_cache: Path, shm: Path) -> float:
+def _run(row: _Row, pipeline: Path, hub_cache: Path, shm: Path) -> dict[str, float]:
     source, cache_dir = (_HUB_REPO_ID, str(hub_cache)) if row.hub else (str(pipeline), "")
     with tempfile.TemporaryDirectory(dir=shm, prefix="hwr-cold-") as root:
         env = {**os.environ, "PYTHONPATH": row.src, **({"HF_HUB_OFFLINE": "1"} if row.hub else {})}
@@ -76,7 +85,7 @@ def _run(row: _Row, pipeline: Path, hub_cache: Path, shm: Path) -> float:
             text=True,
         )
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return float(result["s"])
+    return {name: float(result[name]) for name in ("s", "load_s", "published_s") if result[name] is not None}
 
 
 def main() -> None:
@@ -89,7 +98,14 @@ def main() -> None:
     parser.add_argument(
         "--hub", action="store_true", help="also run every row from a Hugging Face cache snapshot, by repo id"
     )
+    parser.add_argument(
+        "--modes", default="stream,publish,background", help="HWR rows to run (comma-separated; canonical always runs)"
+    )
     args = parser.parse_args()
+    modes = [mode for mode in args.modes.split(",") if mode]
+    unknown = sorted(set(modes) - {"stream", "publish", "background"})
+    if unknown:
+        parser.error(f"unknown --modes {unknown}: choose from stream, publish, background")
     sources = [str(Path(src).resolve()) for src in (args.src or ["src"])]
     sys.path.insert(0, sources[-1])
     from host_weight_runtime.tools.synthetic_models import save_flux_pipeline_folder, save_hub_snapshot
@@ -97,8 +113,8 @@ def main() -> None:
     rows: list[_Row] = []
     for hub in (False, True) if args.hub else (False,):
         rows.append(_Row(sources[-1], "canonical", hub))
-        rows.extend(_Row(src, mode, hub) for src in sources for mode in ("stream", "publish"))
-    samples: dict[_Row, list[float]] = {row: [] for row in rows}
+        rows.extend(_Row(src, mode, hub) for src in sources for mode in modes)
+    samples: dict[_Row, list[dict[str, float]]] = {row: [] for row in rows}
     with tempfile.TemporaryDirectory(dir=args.workdir, prefix="hwr-cold-paths-") as work:
         pipeline = Path(work) / "pipeline"
         save_flux_pipeline_folder(pipeline, target_bytes=int(2 * args.size_gib * 2**30), seed=0)
@@ -112,14 +128,21 @@ def main() -> None:
             order = rows[round_index % len(rows) :] + rows[: round_index % len(rows)]
             for row in order:
                 samples[row].append(_run(row, pipeline, hub_cache, args.shm))
-    canonical = {row.hub: statistics.median(samples[row]) for row in rows if row.mode == "canonical"}
-    for row, values in samples.items():
+    canonical = {
+        row.hub: statistics.median(run["s"] for run in samples[row]) for row in rows if row.mode == "canonical"
+    }
+    for row, runs in samples.items():
+        values = [run["s"] for run in runs]
         median = statistics.median(values)
         baseline = "canonical (hub cache)" if row.hub else "canonical"
-        print(
-            f"{row.label:21s} {row.src}: {median * 1e3:7.0f} ms [{min(values) * 1e3:.0f}, {max(values) * 1e3:.0f}]"
-            f"  {median / canonical[row.hub]:.2f}x {baseline}"
+        line = (
+            f"{row.label:24s} {row.src}: ready {median * 1e3:7.0f} ms [{min(values) * 1e3:.0f}, {max(values) * 1e3:.0f}]"
+            f"  {median / canonical[row.hub]:.2f}x {baseline}; load call {statistics.median(r['load_s'] for r in runs) * 1e3:.0f} ms"
         )
+        if row.mode == "background":
+            published = statistics.median(run["published_s"] for run in runs)
+            line += f"; published at {published * 1e3:.0f} ms = {published / canonical[row.hub]:.2f}x {baseline}"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ artifact is built from the checkpoint on a thread, and later workers hit it bit-
 
 from __future__ import annotations
 
+import os
+import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -10,9 +12,10 @@ from typing import Any
 import pytest
 import torch
 
+from host_weight_runtime._faults import Fault, FaultAction, armed
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
 from host_weight_runtime.diffusion import BackgroundPublication
-from host_weight_runtime.diffusion.loader import ComponentLoadPath, load_component
+from host_weight_runtime.diffusion.loader import BACKGROUND_NICE_INCREMENT, ComponentLoadPath, load_component
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import AttemptResult, ResolutionOutcome
 from host_weight_runtime.runtime import HostWeightRuntime
@@ -159,3 +162,25 @@ def test_a_failed_background_publication_is_recorded_not_raised(tmp_path: Path) 
     assert background.result is None
     assert background.failure is not None and background.failure.message == "boom"
     assert background.state()["state"] == "failed"
+
+
+def test_the_publication_and_its_hash_threads_run_at_a_lower_priority_than_the_caller(
+    tmp_path: Path, pipeline: Path
+) -> None:
+    """Issue 13: the background build (and the writer's hash threads it starts) runs nice +10, so the caller's
+    own first steps with its model come first on a busy node; the caller's priority is unchanged."""
+    caller_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen: list[int] = []
+
+    def record(_point: str) -> None:  # runs on a hash thread of the background build
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    with armed("writer.hash", Fault(FaultAction.PAUSE, hook=record, times=1_000_000)):
+        loaded = load_component(
+            str(pipeline), subfolder=SUBFOLDER, runtime=_runtime(tmp_path / "domain"), publish_in_background=True
+        )
+        _finished(loaded.background_publication)
+    expected = min(19, caller_nice + BACKGROUND_NICE_INCREMENT)
+    assert seen and set(seen) == {expected}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller_nice
+    loaded.close()

@@ -213,13 +213,19 @@ class PrewarmResult:
     tensor_count: int
 
 
+BACKGROUND_NICE_INCREMENT = 10
+"""How much nicer than the thread that loaded the model the background publication runs."""
+_LOWEST_PRIORITY = 19
+
+
 class BackgroundPublication:
     """The artifact of a canonically loaded model, built from its checkpoint on a thread of its own.
 
     The thread streams the checkpoint (it never reads the serving model, so nothing the
-    caller does to the model can reach the artifact). A process that ends waits for it at
-    exit, before thread pools stop taking work, so the first worker on a node always leaves
-    an artifact behind. Failures are logged and kept in `failure`; they never raise here.
+    caller does to the model can reach the artifact). It runs at nice +10, and so do the hash
+    threads it starts, so the caller's first steps with its model come first on a busy node.
+    A process that ends waits for it at exit, before thread pools stop taking work, so the
+    first worker on a node always leaves an artifact behind. Failures are logged and kept in `failure`; they never raise here.
     """
 
     __slots__ = ("__weakref__", "_done", "_job", "_thread", "elapsed_s", "failure", "result")
@@ -237,6 +243,12 @@ class BackgroundPublication:
     def _run(self) -> None:
         started = time.monotonic()
         try:
+            try:  # this thread only (Linux nice is per thread); threads it starts inherit it
+                thread_id = threading.get_native_id()
+                nice = os.getpriority(os.PRIO_PROCESS, thread_id)
+                os.setpriority(os.PRIO_PROCESS, thread_id, min(_LOWEST_PRIORITY, nice + BACKGROUND_NICE_INCREMENT))
+            except OSError as exc:
+                _LOG.debug("background publication keeps its priority: %s", exc)
             self.result = self._job()
         except HostWeightError as exc:
             self.failure = exc.failure
