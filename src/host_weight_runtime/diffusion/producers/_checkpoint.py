@@ -94,16 +94,19 @@ def read_safetensors_header(path: Path) -> dict[str, CheckpointTensor]:
     return found
 
 
+def _row_span(tensor: CheckpointTensor, start_row: int, stop_row: int) -> tuple[int, int, tuple[int, ...]]:
+    """File offset, byte length and shape of rows [start_row, stop_row) (a 0-dim tensor: all of it)."""
+    if not tensor.shape:
+        return tensor.begin, tensor.end - tensor.begin, tensor.shape
+    offset = tensor.begin + start_row * tensor.row_bytes
+    return offset, (stop_row - start_row) * tensor.row_bytes, (stop_row - start_row, *tensor.shape[1:])
+
+
 def read_rows(
     fd: int, tensor: CheckpointTensor, start_row: int, stop_row: int, scratch: ScratchBuffer | None = None
 ) -> torch.Tensor:
     """Rows [start_row, stop_row) of a tensor, read with pread into a fresh buffer (or into `scratch`'s)."""
-    if not tensor.shape:
-        offset, length, shape = tensor.begin, tensor.end - tensor.begin, tensor.shape
-    else:
-        offset = tensor.begin + start_row * tensor.row_bytes
-        length = (stop_row - start_row) * tensor.row_bytes
-        shape = (stop_row - start_row, *tensor.shape[1:])
+    offset, length, shape = _row_span(tensor, start_row, stop_row)
     if length == 0:
         return torch.empty(shape, dtype=tensor.dtype)
     if scratch is not None:
@@ -133,12 +136,7 @@ def mapped_rows(fd: int, tensor: CheckpointTensor, start_row: int, stop_row: int
     raises CheckpointFormatError here rather than a SIGBUS in the cast; one truncated in place during the cast
     can still raise SIGBUS, as it can under any mmap loader, diffusers' own included.
     """
-    if not tensor.shape:
-        offset, length, shape = tensor.begin, tensor.end - tensor.begin, tensor.shape
-    else:
-        offset = tensor.begin + start_row * tensor.row_bytes
-        length = (stop_row - start_row) * tensor.row_bytes
-        shape = (stop_row - start_row, *tensor.shape[1:])
+    offset, length, shape = _row_span(tensor, start_row, stop_row)
     if length == 0:
         return torch.empty(shape, dtype=tensor.dtype)
     aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
