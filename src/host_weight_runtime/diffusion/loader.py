@@ -50,7 +50,7 @@ from ..outcomes import (
     ResolutionReport,
 )
 from ..runtime import HostWeightRuntime
-from ._load_options import LoadOptions, check_load_arguments, check_parallel, check_variant
+from ._load_options import LoadOptions, check_load_arguments, check_parallel
 from .contracts import (
     FINAL_LAYOUT_BF16_POLICY,
     FinalLayoutLoaderIdentity,
@@ -59,6 +59,8 @@ from .contracts import (
     FinalLayoutTensorPolicy,
     ImplementationIdentity,
 )
+from .dtype_policies import ModelFamilyName, dtype_policy
+from .family_transformers import TRANSFORMERS_FAMILY, checkpoint_bindings, is_transformers_config, restore_from_lease
 from .fp8 import (
     FINAL_LAYOUT_FP8_POLICY,
     FinalLayoutFP8Producer,
@@ -67,7 +69,7 @@ from .fp8 import (
     quantize_to_fp8,
 )
 from .identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity
-from .models import contract_for_model, is_diffusers_model
+from .models import contract_for_model, is_diffusers_model, is_transformers_model
 from .producers._checkpoint import CheckpointFormatError, read_safetensors_header
 from .producers._shards import ProgressCallback
 from .producers.checkpoint_stream import FinalLayoutBF16CheckpointProducer
@@ -409,6 +411,9 @@ class _Skeleton:
     holder: torch.nn.Module
     request: FinalLayoutRequest
     options: LoadOptions
+    policy: FinalLayoutTensorPolicy = FINAL_LAYOUT_BF16_POLICY
+    aliases: Mapping[str, str] | None = None
+    checkpoint_keys: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,9 +455,15 @@ def _model_class(resolved_root: Path, clock: _ImportClock | None = None) -> type
         raise usage_error(
             f"{config_path} holds a JSON {type(config).__name__}, not an object; it is not a diffusers model config"
         )
+    if is_transformers_config(config):
+        with clock.measure() if clock is not None else nullcontext():
+            return TRANSFORMERS_FAMILY.model_class(config, config_path)
     class_name = config.get("_class_name")
     if not isinstance(class_name, str) or not class_name:
-        raise usage_error(f"{config_path} has no _class_name; it is not a diffusers model config")
+        raise usage_error(
+            f"{config_path} has no _class_name (diffusers) and no model_type or architectures (transformers); "
+            "it is not a model config"
+        )
     if not class_name.isidentifier():
         raise usage_error(f"{config_path} names {class_name!r}, which is not a diffusers model class")
     import diffusers
@@ -478,11 +489,25 @@ def _digest(value: object) -> str:
 
 
 def _loader_identity(
-    model_class: type[Any], config: dict[str, Any], keep_fp32: tuple[str, ...], safetensors: bool
+    model_class: type[Any],
+    config: dict[str, Any],
+    keep_fp32: tuple[str, ...],
+    safetensors: bool,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> FinalLayoutLoaderIdentity:
-    import diffusers
+    transformers_model = is_transformers_model(model_class)
+    if transformers_model:
+        versions = TRANSFORMERS_FAMILY.library_versions()
+    else:
+        import diffusers
 
-    versions = {"diffusers": str(diffusers.__version__), "torch": str(torch.__version__)}
+        versions = {"diffusers": str(diffusers.__version__), "torch": str(torch.__version__)}
+    transform: dict[str, object] = {
+        "torch_dtype": str(dtype),
+        "keep_in_fp32_modules": list(keep_fp32),
+        "key_mapping": "transformers-conversion-mapping" if transformers_model else "identity",
+        "checkpoint_format": "safetensors" if safetensors else "pickle",
+    }
     implementation = ImplementationIdentity(
         implementation_id=_LOADER_ID,
         version=_LOADER_VERSION,
@@ -493,14 +518,7 @@ def _loader_identity(
         model_config_fingerprint=_digest(
             {"class": f"{model_class.__module__}.{model_class.__qualname__}", "config": _json_config(config)}
         ),
-        weight_transform_fingerprint=_digest(
-            {
-                "torch_dtype": str(torch.bfloat16),
-                "keep_in_fp32_modules": list(keep_fp32),
-                "key_mapping": "identity",
-                "checkpoint_format": "safetensors" if safetensors else "pickle",
-            }
-        ),
+        weight_transform_fingerprint=_digest(transform),
     )
 
 
@@ -516,18 +534,22 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
             torch.set_default_dtype(previous)
 
 
-def build_skeleton(model_class: type[Any], resolved_root: Path, name_or_path: str) -> torch.nn.Module:
+def build_skeleton(
+    model_class: type[Any], resolved_root: Path, name_or_path: str, dtype: torch.dtype = torch.bfloat16
+) -> torch.nn.Module:
     """The model built the way diffusers' from_pretrained builds it, with parameters left on `meta`.
 
     Non-persistent buffers are computed for real (they are not in the artifact), under the
     same default dtype as a canonical load, so a restored model equals a canonical one.
     """
+    if is_transformers_model(model_class):
+        return TRANSFORMERS_FAMILY.build_skeleton(model_class, resolved_root, name_or_path, dtype)
     import accelerate
     from diffusers.models.modeling_utils import no_init_weights
 
     try:
         config = model_class.load_config(str(resolved_root))
-        with _default_dtype(torch.bfloat16), no_init_weights(), accelerate.init_empty_weights():
+        with _default_dtype(dtype), no_init_weights(), accelerate.init_empty_weights():
             model = model_class.from_config(config)
     except _BROKEN_CONFIG_ERRORS as exc:
         raise usage_error(
@@ -609,17 +631,39 @@ def _prepare_skeleton(
     source = _source(model_or_path, subfolder=subfolder, revision=revision, cache_dir=cache_dir, options=options)
     model_class = _model_class(source.resolved_root, clock)
     with _usage_errors():
-        skeleton = build_skeleton(model_class, source.resolved_root, str(model_or_path))
+        skeleton = build_skeleton(model_class, source.resolved_root, str(model_or_path), options.dtype)
     holder = _ComponentPipeline()
     holder.add_module(component_name, skeleton)
-    contract = contract_for_model(skeleton)
-    config = dict(model_class.load_config(str(source.resolved_root)))
+    contract = contract_for_model(skeleton, options.dtype)
+    transformers_model = is_transformers_model(model_class)
+    if transformers_model:
+        config = TRANSFORMERS_FAMILY.model_config(model_class, source.resolved_root)
+    else:
+        config = dict(model_class.load_config(str(source.resolved_root)))
     request = FinalLayoutRequest(
         model_id=_model_id(model_or_path, source),
-        loader=_loader_identity(model_class, config, contract.keep_in_fp32_modules, source.use_safetensors),
+        loader=_loader_identity(
+            model_class, config, contract.keep_in_fp32_modules, source.use_safetensors, options.dtype
+        ),
         parallel=parallel,
     )
-    return _Skeleton(source, model_class, component_name, skeleton, holder, request, options)
+    family = ModelFamilyName.TRANSFORMERS if transformers_model else ModelFamilyName.DIFFUSERS
+    policy = dtype_policy(family, options.dtype)
+    if not transformers_model:
+        return _Skeleton(source, model_class, component_name, skeleton, holder, request, options, policy)
+    keys, aliases = checkpoint_bindings(skeleton, source)
+    return _Skeleton(
+        source,
+        model_class,
+        component_name,
+        skeleton,
+        holder,
+        request,
+        options,
+        policy,
+        {f"{component_name}.{alias}": f"{component_name}.{owner}" for alias, owner in aliases.items()},
+        {f"{component_name}.{name}": key for name, key in keys.items()},
+    )
 
 
 REPRESENTATIONS = ("bf16", "fp8")
@@ -657,7 +701,7 @@ def quantize_model_fp8(model: torch.nn.Module, scales: Mapping[str, torch.Tensor
 
 
 def _identify(
-    prepared: _Skeleton, runtime: HostWeightRuntime, policy: FinalLayoutTensorPolicy = FINAL_LAYOUT_BF16_POLICY
+    prepared: _Skeleton, runtime: HostWeightRuntime, policy: FinalLayoutTensorPolicy | None = None
 ) -> _Prepared:
     """Hash the sources (once per node, through the digest cache) and build the identity on the skeleton."""
     context = build_final_layout_identity(
@@ -665,8 +709,10 @@ def _identify(
         dit_modules=[(prepared.component_name, prepared.skeleton)],
         prepared_sources=[prepared.source],
         request=prepared.request,
-        policy=policy,
+        policy=prepared.policy if policy is None else policy,
         source_digest_cache=_digest_cache(runtime),
+        aliases=prepared.aliases,
+        checkpoint_keys=prepared.checkpoint_keys,
     )
     return _Prepared(
         prepared.source,
@@ -689,15 +735,17 @@ def _model_id(model_or_path: str | os.PathLike[str], source: PreparedWeightSourc
 def _canonical(
     model_class: type[Any], source: PreparedWeightSource, name_or_path: str, options: LoadOptions
 ) -> torch.nn.Module:
-    """Exactly what a diffusers user gets: from_pretrained(torch_dtype=torch.bfloat16), from local files only.
+    """Exactly what a user gets: from_pretrained(torch_dtype=...) of diffusers or transformers, from local files.
 
-    What diffusers raises about the folder (a checkpoint that does not match config.json, an unreadable
+    What the library raises about the folder (a checkpoint that does not match config.json, an unreadable
     file) leaves typed: a HostWeightUsageError, or CANONICAL_SOURCE_FAILED for an OS error.
     """
+    if is_transformers_model(model_class):
+        return TRANSFORMERS_FAMILY.load_canonical(model_class, source, name_or_path, options)
     try:
         model = model_class.from_pretrained(
             str(source.resolved_root),
-            torch_dtype=torch.bfloat16,
+            torch_dtype=options.dtype,
             use_safetensors=source.use_safetensors,
             variant=options.variant,
             disable_mmap=options.disable_mmap,
@@ -764,13 +812,18 @@ def load_component(
     representation: str = "bf16",
     **from_pretrained_kwargs: Any,
 ) -> LoadedComponent:
-    """Load a diffusers model component through the node's host weight artifact.
+    """Load a diffusers or transformers model component through the node's host weight artifact.
 
-    `model_or_path` is a model folder, a pipeline folder with `subfolder`, or a repo id in
+    The component is a diffusers `ModelMixin` (its config.json has `_class_name`) or a transformers
+    `PreTrainedModel` (text and vision encoders: the class `model_index.json` names for the
+    subfolder, else the config's `architectures`); either way the result equals that library's
+    own `from_pretrained(..., torch_dtype/dtype=...)` in every parameter and buffer, tied weights
+    stay tied, and `model_or_path` is a model folder, a pipeline folder with `subfolder`, or a repo id in
     the local Hugging Face cache (never the network). The other arguments are those of
     diffusers' `from_pretrained`: `variant` and `use_safetensors` choose the checkpoint files
-    as there (and so the artifact); `torch_dtype`/`dtype` must be BF16 (`torch.bfloat16`,
-    "bfloat16" or "torch.bfloat16"); `device_map` may be None or the CPU; `low_cpu_mem_usage`,
+    as there (and so the artifact); `torch_dtype`/`dtype` is BF16 (the default), FP16 or FP32
+    (a torch dtype or its name), each served as its own representation under its own key (a BF16
+    artifact never serves an FP16 load); `device_map` may be None or the CPU; `low_cpu_mem_usage`,
     `local_files_only`, `token` and `proxies` are accepted and change nothing (nothing is
     downloaded; the token is never used, kept or logged); anything else is refused with a
     `HostWeightUsageError` (a ValueError too) naming it.
@@ -840,6 +893,12 @@ def load_component(
         parallel=parallel,
         extra=from_pretrained_kwargs,
     )
+    if fp8 and options.dtype != torch.bfloat16:
+        raise usage_error(
+            f"representation='fp8' keeps the unquantized tensors in BF16; drop torch_dtype={options.dtype} "
+            "(or load the FP16/FP32 representation without representation='fp8')",
+            argument="representation",
+        )
     _import_diffusers(clock)
     runtime = runtime if runtime is not None else HostWeightRuntime.from_env()
     _announce(runtime)
@@ -898,9 +957,15 @@ def load_component(
                 _report_without_lookup(mode, ResolutionOutcome.CANONICAL_FALLBACK, skipped),
                 background_publication=BackgroundPublication(lambda: _build_artifact(skeleton, runtime, None)),
             )
+        if fp8 and is_transformers_model(skeleton.model_class):
+            raise usage_error(
+                f"representation='fp8' serves diffusers models; {skeleton.model_class.__name__} is a transformers "
+                "model: load it without representation='fp8'",
+                argument="representation",
+            )
         if fp8:
             quantize_model_fp8(skeleton.skeleton)
-        prepared = _identify(skeleton, runtime, FINAL_LAYOUT_FP8_POLICY if fp8 else FINAL_LAYOUT_BF16_POLICY)
+        prepared = _identify(skeleton, runtime, FINAL_LAYOUT_FP8_POLICY if fp8 else None)
     except HostWeightError as exc:
         if isinstance(exc, HostWeightUsageError) or mode is RuntimeMode.REQUIRED:
             raise
@@ -929,8 +994,20 @@ def load_component(
         lease = resolution.lease
         restore_started = time.monotonic()
         try:
-            restorer = FinalLayoutFP8Restorer(context) if fp8 else FinalLayoutTensorRestorer(context)
-            restorer._plan_on_identity_skeleton(prepared.holder, lease).commit()
+            if is_transformers_model(prepared.model_class):
+                restored = restore_from_lease(
+                    context,
+                    prepared.holder,
+                    lease,
+                    model_class=prepared.model_class,
+                    source=prepared.source,
+                    name_or_path=name_or_path,
+                    dtype=options.dtype,
+                )
+            else:
+                restorer = FinalLayoutFP8Restorer(context) if fp8 else FinalLayoutTensorRestorer(context)
+                restorer._plan_on_identity_skeleton(prepared.holder, lease).commit()
+                restored = prepared.skeleton
         except HostWeightError as exc:
             record_restore(time.monotonic() - restore_started, ok=False)
             lease.close()
@@ -942,7 +1019,7 @@ def load_component(
             )
         else:
             record_restore(time.monotonic() - restore_started, ok=True)
-            model = prepared.skeleton
+            model = restored
             _anchor(model, lease)
             return finish(model, ComponentLoadPath.ARTIFACT, report, identity_key=key, lease=lease)
     elif resolution.outcome is ResolutionOutcome.FAILED:
@@ -1023,15 +1100,30 @@ def prewarm_component(
     parallel: FinalLayoutParallelIdentity | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     progress: ProgressCallback | None = None,
+    torch_dtype: torch.dtype | str = torch.bfloat16,
 ) -> PrewarmResult:
     """Build (or find) the artifact straight from the checkpoint, without loading the model.
 
-    `variant` picks the checkpoint files as in `load_component` (and so the artifact a later
-    `load_component(..., variant=...)` hits). Runs in REQUIRED mode with local builds allowed
+    `variant` picks the checkpoint files and `torch_dtype` the representation as in `load_component`
+    (and so the artifact a later `load_component(..., variant=..., torch_dtype=...)` hits). Runs in REQUIRED
+    mode with local builds allowed
     whatever the environment says, so a failure raises `HostWeightError` instead of being
     hidden by a fallback; a bad argument or model folder raises `HostWeightUsageError`.
     """
-    options = LoadOptions(variant=check_variant(variant))
+    served = check_load_arguments(
+        torch_dtype=torch_dtype,
+        dtype=None,
+        variant=variant,
+        use_safetensors=None,
+        low_cpu_mem_usage=None,
+        local_files_only=None,
+        device_map=None,
+        output_loading_info=False,
+        disable_mmap=False,
+        parallel=None,
+        extra={},
+    )
+    options = LoadOptions(variant=served.variant, dtype=served.dtype)
     check_parallel(parallel)
     required = _required(runtime if runtime is not None else HostWeightRuntime.from_env())
     _announce(required)
