@@ -59,7 +59,7 @@ class ModelFamilyName(str, enum.Enum):
 
 
 def dtype_label(dtype: torch.dtype) -> str:
-    """"bf16", "fp16" or "fp32"; ValueError for a dtype no representation serves."""
+    """ "bf16", "fp16" or "fp32"; ValueError for a dtype no representation serves."""
     label = _LABELS.get(dtype)
     if label is None:
         raise ValueError(f"no final-layout representation serves {dtype}; use one of {list(_LABELS.values())}")
