@@ -45,6 +45,7 @@ __all__ = [
 
 _UP_FRONT_MODULES = ("transformers", "transformers.modeling_utils")
 _INDEX_LIMIT_BYTES = 1 * 2**20
+_CONFIG_LIMIT_BYTES = 16 * 2**20
 _MAX_LISTED = 5
 _BROKEN_CONFIG_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RuntimeError, RecursionError)
 _UNKEYED_CONFIG = frozenset({"transformers_version", "_name_or_path", "dtype", "torch_dtype"})
@@ -91,8 +92,9 @@ def _class_name(config: Mapping[str, Any], config_path: Path) -> str:
 
 
 def _config_digest_document(config_path: Path) -> dict[str, Any]:
+    """config.json as saved, less what records who saved it and in which dtype, as plain JSON for the key."""
     with open(config_path, "rb") as stream:
-        raw = decode_json(stream.read())
+        raw = decode_json(stream.read(_CONFIG_LIMIT_BYTES + 1), max_bytes=_CONFIG_LIMIT_BYTES)
     public = {key: value for key, value in raw.items() if key not in _UNKEYED_CONFIG} if isinstance(raw, dict) else {}
     loaded: dict[str, Any] = json.loads(json.dumps(public, sort_keys=True, default=str))
     return loaded
