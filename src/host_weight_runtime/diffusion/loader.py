@@ -116,7 +116,7 @@ def load_component(
     location = ComponentLocation(model_or_path, subfolder, revision, Path(cache_dir) if cache_dir is not None else None)
     if isinstance(parallel, FinalLayoutParallelIdentity) and parallel.tensor_parallel_size > 1:
         _refuse_with_tensor_parallel(variant, from_pretrained_kwargs)
-        loaded: LoadedComponent = load_tensor_parallel_component(
+        return load_tensor_parallel_component(
             location,
             parallel=parallel,
             runtime=runtime if runtime is not None else HostWeightRuntime.from_env(),
@@ -124,7 +124,6 @@ def load_component(
             process_group=process_group,
             representation=representation,
         )
-        return loaded
     started = time.monotonic()
     options = check_load_arguments(
         torch_dtype=torch_dtype,
