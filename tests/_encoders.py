@@ -202,7 +202,7 @@ def warm_load_in_child(root: str, folder: str, subfolder: str, conn: Connection)
     """A fresh worker: load the encoder at every served dtype and report outcome, every tensor and the output."""
     import transformers
 
-    from host_weight_runtime.diffusion.loader import load_component
+    from host_weight_runtime.diffusion import load_component
 
     transformers.logging.set_verbosity_error()
     reports: list[dict[str, Any]] = []

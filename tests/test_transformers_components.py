@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from host_weight_runtime.config import RuntimeMode
-from host_weight_runtime.diffusion.loader import ComponentLoadPath, load_component, prewarm_component
+from host_weight_runtime.diffusion import ComponentLoadPath, load_component, prewarm_component
 from host_weight_runtime.failures import ArgumentHint, FailureCode, HostWeightError, HostWeightUsageError
 from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
 

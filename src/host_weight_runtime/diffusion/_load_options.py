@@ -18,7 +18,7 @@ import torch
 from ..failures import FailureCode, HostWeightUsageError, usage_error
 from .contracts import FinalLayoutParallelIdentity
 
-__all__ = ["LOAD_ARGUMENTS", "LoadOptions", "check_load_arguments", "check_parallel", "check_variant"]
+__all__ = ["LOAD_ARGUMENTS", "LoadOptions", "check_dtype", "check_load_arguments", "check_parallel", "check_variant"]
 
 _VARIANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 _CPU_NAMES = frozenset({"cpu"})
@@ -120,7 +120,7 @@ def _served_dtype(argument: str, value: object) -> torch.dtype:
     )
 
 
-def _check_dtype(torch_dtype: object, dtype: object) -> torch.dtype:
+def check_dtype(torch_dtype: object, dtype: object = None) -> torch.dtype:
     """BF16, FP16 or FP32, given as a torch dtype or its name; `dtype` (the newer spelling) wins when given."""
     chosen = _served_dtype("torch_dtype", torch_dtype)
     if dtype is not None:
@@ -190,7 +190,7 @@ def check_load_arguments(
             f"local model (subfolder, revision, variant, torch_dtype, cache_dir, use_safetensors, device_map='cpu', "
             f"...) plus runtime, parallel, stream_on_miss and publish_in_background",
         )
-    served = _check_dtype(torch_dtype, dtype)
+    served = check_dtype(torch_dtype, dtype)
     checked_variant = check_variant(variant)
     safetensors = _check_flag("use_safetensors", use_safetensors)
     _check_flag("low_cpu_mem_usage", low_cpu_mem_usage)

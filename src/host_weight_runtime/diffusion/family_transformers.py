@@ -28,8 +28,9 @@ from ..canonical_json import CanonicalJson, JsonValue, decode_json
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, raise_failure, usage_error
 from ..lease import HostWeightLease
 from ._load_options import LoadOptions
-from .dtype_policies import TRANSFORMERS_RESTORER_SCHEMA
+from .dtype_policies import TRANSFORMERS_RESTORER_SCHEMA, ModelFamilyName
 from .identity_adapter import FinalLayoutIdentityContext
+from .model_family import ImportClock
 from .models import is_transformers_model
 from .producers._checkpoint import read_safetensors_header
 from .restorer import FinalLayoutTensorRestorer, restore_error
@@ -105,14 +106,18 @@ class TransformersFamily:
 
     __slots__ = ()
 
-    name = "transformers"
+    @property
+    def family_name(self) -> ModelFamilyName:
+        return ModelFamilyName.TRANSFORMERS
 
-    def import_up_front(self) -> None:
-        for module in _UP_FRONT_MODULES:
-            if module not in sys.modules:
+    def import_up_front(self, clock: ImportClock) -> None:
+        if all(module in sys.modules for module in _UP_FRONT_MODULES):
+            return
+        with clock.measure():
+            for module in _UP_FRONT_MODULES:
                 importlib.import_module(module)
 
-    def model_class(self, config: Mapping[str, Any], config_path: Path) -> type[Any]:
+    def model_class(self, config: Mapping[str, Any], config_path: Path, clock: ImportClock | None) -> type[Any]:
         """The class `model_index.json` (or else `architectures`) names, looked up in transformers only.
 
         A class transformers does not ship (remote code) is refused: nothing here runs code from a model folder.
@@ -120,7 +125,7 @@ class TransformersFamily:
         class_name = _class_name(config, config_path)
         if not class_name.isidentifier():
             raise usage_error(f"{config_path} names {class_name!r}, which is not a transformers model class")
-        self.import_up_front()
+        self.import_up_front(clock if clock is not None else ImportClock())
         import transformers
 
         try:
@@ -155,7 +160,7 @@ class TransformersFamily:
             ) from exc
 
     def build_skeleton(
-        self, model_class: type[Any], resolved_root: Path, name_or_path: str, dtype: torch.dtype
+        self, model_class: type[Any], resolved_root: Path, name_or_path: str, dtype: torch.dtype = torch.bfloat16
     ) -> torch.nn.Module:
         """The model as `from_pretrained(dtype=dtype)` constructs it: every tensor on `meta`, ties not applied yet."""
         config = self.load_config(model_class, resolved_root)
@@ -215,6 +220,11 @@ class TransformersFamily:
             raise TypeError(f"{model_class.__name__}.from_pretrained returned {type(model).__name__}")
         model.config.name_or_path = name_or_path  # type: ignore[union-attr]
         return model
+
+    def checkpoint_bindings(
+        self, model: torch.nn.Module, source: PreparedWeightSource
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        return checkpoint_bindings(model, source)
 
 
 TRANSFORMERS_FAMILY = TransformersFamily()
