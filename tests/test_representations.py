@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
+from host_weight_runtime.diffusion import load_component
 from host_weight_runtime.diffusion.contracts import FINAL_LAYOUT_BF16_POLICY
 from host_weight_runtime.diffusion.dtype_policies import SERVED_DTYPES, ModelFamilyName, dtype_policy
-from host_weight_runtime.diffusion import load_component
 from host_weight_runtime.diffusion.tensor_layout import discover_tensor_ownership
 from host_weight_runtime.failures import HostWeightError
 from host_weight_runtime.outcomes import ResolutionOutcome
