@@ -131,3 +131,29 @@ def test_a_declared_tie_that_a_loaded_model_does_not_hold_is_refused() -> None:
     assert meta.names == {"m.shared.weight", "m.other.weight"}
     with pytest.raises(HostWeightError, match="does not own"):
         discover_tensor_ownership([("m", _Tied())], _keep, {"m.embed.weight": "m.missing.weight"})
+
+
+def test_the_transformers_policy_follows_the_models_own_dtype_plan() -> None:
+    """P03/P04: the plan is read from the instance as from_pretrained reads it (`_keep_in_fp32_modules` at FP16,
+    `_keep_in_fp32_modules_strict` at FP16 and BF16, nothing at FP32), matched by search in the name; every
+    other tensor keeps the dtype the model was built with (a streamed tensor too, whatever the checkpoint holds)."""
+    from host_weight_runtime.diffusion.models import contract_for_model
+
+    from ._encoders import ENCODERS, model_class
+
+    model = model_class("text_encoder_2")(ENCODERS["text_encoder_2"].config())
+    model._keep_in_fp32_modules_strict = {"relative_attention_bias"}
+    plans = {dtype: contract_for_model(model, dtype).keep_in_fp32_modules for dtype in SERVED_DTYPES}
+    assert plans == {
+        torch.bfloat16: ("relative_attention_bias",),
+        torch.float16: ("relative_attention_bias", "wo"),
+        torch.float32: (),
+    }
+    assert plans == {dtype: tuple(sorted(model._get_dtype_plan(dtype))) for dtype in SERVED_DTYPES}
+    policy = dtype_policy(ModelFamilyName.TRANSFORMERS, torch.float16)
+    wo = "encoder.block.0.layer.1.DenseReluDense.wo.weight"
+    assert policy.final_dtype(wo, torch.float16, plans[torch.float16]) == torch.float32
+    assert policy.final_dtype("shared.weight", torch.float16, plans[torch.float16]) == torch.float16
+    assert policy.final_dtype("built.in.fp32", torch.float32, plans[torch.float16]) == torch.float32
+    assert policy.final_dtype_from_checkpoint("shared.weight", torch.float32, torch.float16, ()) == torch.float16
+    assert policy.final_dtype_from_checkpoint(wo, torch.bfloat16, torch.float16, ("wo",)) == torch.float32

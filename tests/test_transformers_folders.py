@@ -1,4 +1,4 @@
-"""transformers components in the folder shapes workers meet (P03, P04, D14): shards, variants, lone folders.
+"""transformers components in the folder shapes workers meet (P03, P04, D06, D14): shards, variants, lone folders.
 
 Each encoder is real, saved by `save_pretrained` (sharded, as a variant, or alone without a
 pipeline around it); every load is compared with `from_pretrained(folder, dtype=...)` byte for byte.
@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from host_weight_runtime.diffusion import load_component
+from host_weight_runtime.config import RuntimeMode
+from host_weight_runtime.diffusion import load_component, prewarm_tensor_parallel
+from host_weight_runtime.failures import HostWeightUsageError
 from host_weight_runtime.outcomes import ResolutionOutcome
 
 from ._encoders import ENCODERS, canonical, every_tensor, model_class, runtime_at
@@ -90,3 +92,30 @@ def test_a_lone_folder_and_a_pipeline_entry_name_the_class(tmp_path: Path) -> No
     with load_component(pipeline, subfolder="text_encoder_2", runtime=runtime) as warm:
         assert type(warm.model).__name__ == "T5EncoderModel"
         assert warm.outcome is ResolutionOutcome.LOCAL_HIT
+
+
+def test_what_a_transformers_component_cannot_be_served_as_is_refused_up_front(tmp_path: Path) -> None:
+    """D06/D14: FP8 and tensor parallelism serve diffusers models; asking either of a text encoder is a usage error
+    naming the argument, and nothing is built."""
+    folder = tmp_path / "pipeline"
+    _t5().save_pretrained(folder / "text_encoder_2")  # type: ignore[operator]
+    root = tmp_path / "domain"
+    with pytest.raises(HostWeightUsageError, match="representation='fp8' serves diffusers models"):
+        load_component(folder, subfolder="text_encoder_2", runtime=runtime_at(root), representation="fp8")
+    with pytest.raises(HostWeightUsageError, match="tensor parallelism serves diffusers models"):
+        prewarm_tensor_parallel(folder, subfolder="text_encoder_2", tensor_parallel_size=2, runtime=runtime_at(root))
+    with pytest.raises(HostWeightUsageError, match="keeps the unquantized tensors in BF16"):
+        load_component(
+            folder, subfolder="text_encoder_2", runtime=runtime_at(root), representation="fp8", torch_dtype="float16"
+        )
+    assert not (root / "artifacts").exists() or not any((root / "artifacts").iterdir())
+
+
+def test_disabled_mode_loads_a_text_encoder_canonically(tmp_path: Path) -> None:
+    """D14: with the runtime DISABLED a text encoder is exactly from_pretrained at the dtype asked, nothing kept."""
+    folder = tmp_path / "pipeline"
+    _t5().save_pretrained(folder / "text_encoder_2")  # type: ignore[operator]
+    runtime = runtime_at(tmp_path / "domain", RuntimeMode.DISABLED)
+    with load_component(folder, subfolder="text_encoder_2", runtime=runtime, torch_dtype=torch.float16) as loaded:
+        assert loaded.outcome is ResolutionOutcome.CANONICAL_DIRECT
+        assert every_tensor(loaded.model) == every_tensor(canonical(folder, "text_encoder_2", torch.float16))
