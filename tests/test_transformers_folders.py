@@ -16,6 +16,7 @@ from host_weight_runtime.config import RuntimeMode
 from host_weight_runtime.diffusion import load_component, prewarm_tensor_parallel
 from host_weight_runtime.failures import HostWeightUsageError
 from host_weight_runtime.outcomes import ResolutionOutcome
+from host_weight_runtime.tools.synthetic_models import save_hub_snapshot
 
 from ._encoders import ENCODERS, canonical, every_tensor, model_class, runtime_at
 
@@ -119,3 +120,27 @@ def test_disabled_mode_loads_a_text_encoder_canonically(tmp_path: Path) -> None:
     with load_component(folder, subfolder="text_encoder_2", runtime=runtime, torch_dtype=torch.float16) as loaded:
         assert loaded.outcome is ResolutionOutcome.CANONICAL_DIRECT
         assert every_tensor(loaded.model) == every_tensor(canonical(folder, "text_encoder_2", torch.float16))
+
+
+def test_a_repo_id_in_the_hub_cache_serves_its_text_encoders(tmp_path: Path) -> None:
+    """D14/P04: a pipeline repo in the local Hugging Face cache (symlinked blobs) serves its T5 encoder; the class
+    comes from the snapshot's model_index.json, and the snapshot and a plain copy of it share one key."""
+    pipeline = tmp_path / "pipeline"
+    _t5().save_pretrained(pipeline / "text_encoder_2")  # type: ignore[operator]
+    config_path = pipeline / "text_encoder_2" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["architectures"] = ["T5ForConditionalGeneration"]  # only model_index.json says T5EncoderModel
+    config_path.write_text(json.dumps(config))
+    index = {"_class_name": "FluxPipeline", "text_encoder_2": ["transformers", "T5EncoderModel"]}
+    (pipeline / "model_index.json").write_text(json.dumps(index))
+    cache = tmp_path / "hub"
+    save_hub_snapshot(cache, "hwr-test/tiny-encoders", pipeline)
+    runtime = runtime_at(tmp_path / "domain")
+    repo = "hwr-test/tiny-encoders"
+    load_component(repo, subfolder="text_encoder_2", runtime=runtime, cache_dir=cache).close()
+    with load_component(repo, subfolder="text_encoder_2", runtime=runtime, cache_dir=cache) as warm:
+        assert warm.outcome is ResolutionOutcome.LOCAL_HIT
+        assert type(warm.model).__name__ == "T5EncoderModel"
+        with load_component(pipeline, subfolder="text_encoder_2", runtime=runtime) as copy:
+            assert copy.outcome is ResolutionOutcome.LOCAL_HIT
+            assert copy.identity_key == warm.identity_key
