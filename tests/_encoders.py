@@ -85,6 +85,19 @@ def _gemma2() -> Any:
     )
 
 
+def _llama() -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+
+
 def _qwen2_5_vl() -> Any:
     from transformers import Qwen2_5_VLConfig
 
@@ -127,6 +140,7 @@ ENCODERS: dict[str, EncoderSpec] = {
     "text_encoder_3": EncoderSpec("CLIPTextModelWithProjection", _clip),
     "umt5": EncoderSpec("UMT5EncoderModel", _umt5),
     "gemma2": EncoderSpec("Gemma2Model", _gemma2),
+    "llama": EncoderSpec("LlamaModel", _llama),
     "qwen2_5_vl": EncoderSpec("Qwen2_5_VLForConditionalGeneration", _qwen2_5_vl),
     "image_encoder": EncoderSpec("SiglipVisionModel", _siglip, vision=True),
 }
