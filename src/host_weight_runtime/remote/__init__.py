@@ -22,7 +22,11 @@ retryable. Nothing secret is ever written to the remote, a message or a listing.
 Import (`import_remote_artifact`) is an ordinary build of the local store: the
 provider's `fetch` streams the payloads into the store's writer in tmp/, under the build
 lock, and publication is the usual atomic rename. Export (`push_artifact`) verifies the
-local artifact with FULL_CHECKSUM first.
+local artifact with FULL_CHECKSUM first (unless the remote already holds a complete copy
+with the same manifest digest: then nothing is read or sent). `push_all_artifacts` does
+that for every complete local artifact. Every URL is checked before anything is written:
+an unsupported scheme, a file:// folder that does not exist (a push creates only the last
+folder, never its parents) and a missing bucket are usage errors, never retryable.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from .push import (
     push_artifact,
     push_in_background,
 )
+from .push_all import PushAllOutcome, push_all_artifacts, pushable_keys
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -50,6 +55,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "DESCRIPTOR_FILE_NAME",
     "FsspecArtifactProvider",
+    "PushAllOutcome",
     "PushResult",
     "PushStatus",
     "RemoteArtifactListing",
@@ -61,8 +67,10 @@ __all__ = [
     "import_remote_artifact",
     "list_remote",
     "providers_from_urls",
+    "push_all_artifacts",
     "push_artifact",
     "push_in_background",
+    "pushable_keys",
     "storage_options_for",
     "verify_imported",
 ]

@@ -150,7 +150,7 @@ class FsspecArtifactProvider:
     metadata call or one ranged read of about `chunk_bytes`) on asynchronous backends.
     """
 
-    __slots__ = ("_chunk_bytes", "_concurrency", "_location", "_provider_id")
+    __slots__ = ("_chunk_bytes", "_concurrency", "_location", "_provider_id", "_root_seen")
 
     def __init__(
         self,
@@ -172,6 +172,7 @@ class FsspecArtifactProvider:
         self._provider_id = provider_id or self._location.name
         self._chunk_bytes = chunk_bytes
         self._concurrency = max_concurrency
+        self._root_seen = False
 
     @property
     def provider_id(self) -> str:
@@ -192,6 +193,7 @@ class FsspecArtifactProvider:
         key = identity.key
         read = self.read_descriptor(key)
         if read is None:
+            self._require_root()
             return None
         record, listing = read
         if record.identity != identity or record.identity.to_dict() != identity.to_dict():
@@ -240,6 +242,12 @@ class FsspecArtifactProvider:
         if record.identity_key != key:
             raise self._content_failure(key, "its descriptor belongs to another key (identity_key differs)")
         return record, listing
+
+    def _require_root(self) -> None:
+        """On a miss, make sure the remote itself exists: a mistyped URL must not look like an empty remote."""
+        if not self._root_seen:
+            self._location.check_target(for_write=False)
+            self._root_seen = True
 
     def check_objects(self, key: str, record: RemoteDescriptorRecord, listing: dict[str, int] | None) -> None:
         """Raise typed unless every promised object is there with its exact size (and, if listable, nothing else)."""

@@ -180,6 +180,10 @@ def push_artifact(
     reader = FsspecArtifactProvider(url, storage_options=storage_options, timeout_s=timeout_s)
     location = reader.location
     location.require_writable(key)  # before any work: an http(s) remote is read-only
+    location.check_target(for_write=True)  # a mistyped folder or a missing bucket, before anything is written
+    present = _already_present(store, reader, key, started)
+    if present is not None:
+        return present
     local = store.lookup(identity, validation=ValidationLevel.FULL_CHECKSUM, deadline=deadline)
     if local.lease is None:
         problem = local.failure or failure(
@@ -285,6 +289,37 @@ def push_in_background(
     return thread
 
 
+def _already_present(
+    store: FilesystemHostWeightStore, reader: FsspecArtifactProvider, key: str, started: float
+) -> PushResult | None:
+    """ALREADY_PRESENT without re-hashing the local copy, when the remote's complete copy has our manifest's digest.
+
+    Nothing is uploaded in that case, so the local bytes need no verification; any other
+    state (no local manifest, no remote copy, a different or damaged one) takes the full path.
+    """
+    try:
+        manifest_bytes = read_small_file(store.layout.artifact_dir(key) / MANIFEST_FILE_NAME, MAX_MANIFEST_BYTES)
+        manifest = WeightManifest.from_bytes(manifest_bytes)
+    except (OSError, ValueError):
+        return None
+    read = reader.read_descriptor(key)
+    if read is None or read[0].manifest_sha256 != manifest_sha256(manifest_bytes):
+        return None
+    record = read[0]
+    if record.content_sha256 != manifest.content_digest or not _complete(reader, key):
+        return None
+    return PushResult(
+        key,
+        reader.location.name,
+        PushStatus.ALREADY_PRESENT,
+        0,
+        record.total_bytes,
+        record.manifest_sha256,
+        record.content_sha256,
+        time.monotonic() - started,
+    )
+
+
 def _existing(reader: FsspecArtifactProvider, key: str) -> RemoteDescriptorRecord | None:
     """The remote's descriptor for `key`; an unreadable one is refused rather than overwritten."""
     read = reader.read_descriptor(key)
@@ -365,6 +400,7 @@ def list_remote(
                 provider_id=location.name,
             )
         )
+    location.check_target(for_write=False)  # a mistyped URL is an error, not an empty remote
     listings: list[RemoteArtifactListing] = []
     for entry in location.list_folder("") or ():
         if not entry.is_dir or not _is_key(entry.name):
