@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 import collections
 import contextlib
 import hashlib
+import os
 from collections.abc import Generator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from .._digest import DEFAULT_DIGEST_ALGORITHM, DigestAlgorithm, TreeHasher
 from .._faults import fault_point
 from ..canonical_json import JsonValue
 from ..failures import HostWeightError
-from ..filesystem.writer import StagingTensorFileWriter
+from ..filesystem.writer import StagingArtifactWriter, StagingTensorFileWriter
 from ..identity import WeightArtifactIdentity
 from ..manifest import MANIFEST_FILE_NAME, FileManifestEntry, TensorManifestEntry, WeightManifest
 from ..protocols import (
@@ -136,6 +137,53 @@ def _tensor_from(buffer: bytearray, write: _Write) -> torch.Tensor:
     flat = torch.frombuffer(buffer, dtype=dtype, count=count, offset=write.offset)
     shape = write.spec.shape if write.start_row is None else (write.rows, *write.spec.shape[1:])
     return flat.reshape(shape)
+
+
+class _HashLanes:
+    """Hashes each range's bytes right after they were written, behind the writes, in file order.
+
+    One lane thread feeds every tensor's tree hasher in order (ranges of a tensor arrive in
+    order); whole digest chunks spread over a few more threads. At most `pending` ranges wait
+    for hashing, so memory stays bounded; `drain` waits for them and raises what they raised.
+    """
+
+    def __init__(self, chunk_bytes: int, algorithm: DigestAlgorithm, *, pending: int) -> None:
+        self._chunk_bytes = chunk_bytes
+        self._algorithm = algorithm
+        self._pending = pending
+        self._lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-remote-hash")
+        self._leaves = ThreadPoolExecutor(max_workers=_leaf_threads(), thread_name_prefix="hwr-remote-leaf")
+        self._queued: collections.deque[Future[None]] = collections.deque()
+
+    def __enter__(self) -> _HashLanes:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for future in self._queued:
+            future.cancel()
+        self._lane.shutdown(wait=True)
+        self._leaves.shutdown(wait=True)
+
+    def open_file(self, tensors: tuple[TensorManifestEntry, ...]) -> dict[str, TreeHasher]:
+        return {tensor.name: TreeHasher(self._chunk_bytes, self._algorithm) for tensor in tensors}
+
+    def hash_behind(self, hashers: dict[str, TreeHasher], buffer: bytearray, writes: tuple[_Write, ...]) -> None:
+        while len(self._queued) >= self._pending:
+            self._queued.popleft().result()
+        self._queued.append(self._lane.submit(self._hash, hashers, buffer, writes))
+
+    def drain(self) -> None:
+        while self._queued:
+            self._queued.popleft().result()
+
+    def _hash(self, hashers: dict[str, TreeHasher], buffer: bytearray, writes: tuple[_Write, ...]) -> None:
+        with memoryview(buffer) as whole:
+            for write in writes:
+                hashers[write.spec.name].update(whole[write.offset : write.offset + write.nbytes], self._leaves)
+
+
+def _leaf_threads() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
 
 
 # --------------------------------------------------------------------------- provider
@@ -327,17 +375,12 @@ class FsspecArtifactProvider:
                 key, f"it was digested with {algorithm.value} and this store's writer cannot reproduce that"
             )
         by_file = self._layout_by_file(key, manifest)
-        with ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix="hwr-remote") as pool:
+        with (
+            ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix="hwr-remote") as pool,
+            _HashLanes(manifest.digest_chunk_bytes, algorithm, pending=self._concurrency) as lanes,
+        ):
             for file in manifest.files:
-                self._fetch_file(
-                    key,
-                    file,
-                    by_file[file.name],
-                    writer,
-                    pool=pool,
-                    digest_chunk_bytes=manifest.digest_chunk_bytes,
-                    algorithm=algorithm,
-                )
+                self._fetch_file(key, file, by_file[file.name], writer, pool=pool, lanes=lanes)
         return ProductionMetadata(
             producer_schema=manifest.producer_schema,
             restorer_schema=manifest.restorer_schema,
@@ -411,13 +454,17 @@ class FsspecArtifactProvider:
         writer: ArtifactWriter,
         *,
         pool: ThreadPoolExecutor,
-        digest_chunk_bytes: int,
-        algorithm: DigestAlgorithm,
+        lanes: _HashLanes,
     ) -> None:
         specs = tuple(_spec_of(entry) for entry in tensors)
-        file_writer = writer.open_tensor_file(file.name, specs, ordered=True)
+        one_pass = False
+        if isinstance(writer, StagingArtifactWriter):
+            one_pass = True
+            file_writer: TensorFileWriter = writer.open_tensor_file(file.name, specs, ordered=True, caller_hashes=True)
+        else:
+            file_writer = writer.open_tensor_file(file.name, specs, ordered=True)
         staging = isinstance(file_writer, StagingTensorFileWriter)
-        hashers: dict[str, TreeHasher] = {}
+        hashers = lanes.open_file(tensors) if one_pass or not staging else None
         relative = f"{key}/{file.name}"
         ranges = self._stream(relative, _plan_ranges(file, tensors, self._chunk_bytes), pool)
         with contextlib.closing(ranges):  # no read outlives a failed write
@@ -429,18 +476,25 @@ class FsspecArtifactProvider:
                         file_writer.write_tensor(write.spec.name, tensor)
                     else:
                         file_writer.write_rows(write.spec.name, write.start_row, tensor)
-                    if not staging:
-                        hasher = hashers.setdefault(write.spec.name, TreeHasher(digest_chunk_bytes, algorithm))
-                        hasher.update(memoryview(buffer)[write.offset : write.offset + write.nbytes])
-        file_writer.close()
-        if staging:
+                if hashers is not None:
+                    lanes.hash_behind(hashers, buffer, window_range.writes)  # the buffer is never written again
+        if hashers is None:
+            file_writer.close()
+            self._compare_written(key, file, tensors, file_writer)
+            return
+        lanes.drain()
+        digests = tuple(hashers[tensor.name].hexdigest() for tensor in tensors)
+        if one_pass:
+            assert isinstance(file_writer, StagingTensorFileWriter)
+            file_writer.close_hashed(digests)
             self._compare_written(key, file, tensors, file_writer)
         else:
-            self._compare_hashed(key, file, tensors, hashers, file_writer)
+            file_writer.close()
+            self._compare_hashed(key, file, tensors, digests)
 
     def _read_range(self, relative: str, item: _Range) -> bytearray:
-        """One ranged read, copied into a writable buffer on the reading thread (tensors may view it)."""
-        return bytearray(self._location.read(relative, item.start, item.end))
+        """One ranged read into a writable buffer, on a reading thread (tensors view it)."""
+        return self._location.read_range(relative, item.start, item.end)
 
     def _stream(
         self, relative: str, ranges: list[_Range], pool: ThreadPoolExecutor
@@ -511,13 +565,11 @@ class FsspecArtifactProvider:
         key: str,
         file: FileManifestEntry,
         tensors: tuple[TensorManifestEntry, ...],
-        hashers: dict[str, TreeHasher],
-        file_writer: TensorFileWriter,
+        digests: tuple[str, ...],
     ) -> None:
         """For a writer that reports no digests: compare the digests computed on the way in."""
-        del file_writer
-        for tensor in tensors:
-            if hashers[tensor.name].hexdigest() != tensor.digest:
+        for tensor, digest in zip(tensors, digests, strict=True):
+            if digest != tensor.digest:
                 raise self._content_failure(
                     key,
                     f"tensor {tensor.name} in {file.name} hashes differently from the remote manifest: the object "
