@@ -24,7 +24,9 @@ provider's `fetch` streams the payloads into the store's writer in tmp/, under t
 lock, and publication is the usual atomic rename. Export (`push_artifact`) verifies the
 local artifact with FULL_CHECKSUM first (unless the remote already holds a complete copy
 with the same manifest digest: then nothing is read or sent). `push_all_artifacts` does
-that for every complete local artifact. Every URL is checked before anything is written:
+that for every complete local artifact. A push also keeps the remote's name index
+(`names`): `pull_by_name` lets a node that holds nothing of a model import it by repo id and
+pinned revision. Every URL is checked before anything is written:
 an unsupported scheme, a file:// folder that does not exist (a push creates only the last
 folder, never its parents) and a missing bucket are usage errors, never retryable.
 """
@@ -37,7 +39,9 @@ from typing import Any
 from ._descriptor import DESCRIPTOR_FILE_NAME, RemoteDescriptorRecord, RemoteFileRecord
 from ._location import DEFAULT_TIMEOUT_S, check_remote_url
 from .importer import RemoteImportProducer, import_remote_artifact, verify_imported
+from .names import ArtifactName, NameIndexEntry, is_pinned_revision
 from .provider import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_CONCURRENCY, FsspecArtifactProvider
+from .pull import PulledArtifact, pull_by_name
 from .push import (
     PushResult,
     PushStatus,
@@ -51,6 +55,9 @@ from .push_all import PushAllOutcome, push_all_artifacts, pushable_keys
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "ArtifactName",
+    "NameIndexEntry",
+    "PulledArtifact",
     "DEFAULT_MAX_CONCURRENCY",
     "DEFAULT_TIMEOUT_S",
     "DESCRIPTOR_FILE_NAME",
@@ -65,8 +72,10 @@ __all__ = [
     "RemoteImportProducer",
     "check_remote_url",
     "import_remote_artifact",
+    "is_pinned_revision",
     "list_remote",
     "providers_from_urls",
+    "pull_by_name",
     "push_all_artifacts",
     "push_artifact",
     "push_in_background",

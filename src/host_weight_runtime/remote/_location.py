@@ -10,6 +10,7 @@ value or a backend message (which may quote signed URLs).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
@@ -428,6 +429,17 @@ class RemoteLocation:
     def remove(self, relative: str) -> None:
         self.require_writable(relative)
         self._call("rm_file", "removing", relative, self.path(relative))
+
+    def remove_if_present(self, relative: str) -> None:
+        """Remove an object this process wrote; one already gone is fine."""
+        if self.size_of(relative) is not None:
+            self.remove(relative)
+
+    def remove_empty_folder(self, relative: str) -> None:
+        """Remove a key folder left empty on a file:// remote (object stores have no folders to remove)."""
+        if self._local:
+            with contextlib.suppress(OSError):  # not empty (another writer) or already gone: leave it
+                os.rmdir(self.path(relative))
 
 
 def _with_timeouts(scheme: str, options: dict[str, Any], timeout_s: float) -> dict[str, Any]:
