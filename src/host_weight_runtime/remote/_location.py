@@ -369,19 +369,26 @@ class RemoteLocation:
             )
         return bytes(data) if isinstance(data, bytearray) else data
 
-    def read_range(self, relative: str, start: int, end: int) -> bytearray:
-        """Bytes [start, end) in a writable buffer (tensors view it). A local file is read straight into the
-        buffer with pread (one copy, like a plain copy); other backends copy the bytes they return."""
+    def read_into(self, relative: str, start: int, end: int, buffer: bytearray) -> int:
+        """Read bytes [start, end) into the front of `buffer` (at least end - start long); returns how many came.
+
+        A local file is read straight into the buffer with pread (one copy, like a plain copy);
+        other backends copy what they return. More bytes than asked (a server that ignores
+        ranges) are counted, not copied, so the caller sees the wrong length.
+        """
         if not self._local:
-            return bytearray(self.read(relative, start, end))
-        buffer = bytearray(end - start)
+            data = self.read(relative, start, end)
+            if len(data) <= len(buffer):
+                buffer[: len(data)] = data
+            return len(data)
+        wanted = end - start
         done = 0
         try:
             fd = os.open(self.path(relative), os.O_RDONLY | os.O_CLOEXEC)
             try:
                 with memoryview(buffer) as view:
-                    while done < len(buffer):
-                        count = os.preadv(fd, [view[done:]], start + done)
+                    while done < wanted:
+                        count = os.preadv(fd, [view[done:wanted]], start + done)
                         if count == 0:
                             break  # the object is shorter than promised: the caller sees a short read
                         done += count
@@ -389,7 +396,7 @@ class RemoteLocation:
                 os.close(fd)
         except OSError as exc:
             self._raise_typed(exc, "reading", relative)
-        return buffer if done == len(buffer) else buffer[:done]
+        return done
 
     def require_writable(self, relative: str) -> None:
         """Raise UNSUPPORTED on a read-only (http/https) remote."""

@@ -5,12 +5,14 @@ that the identity it names is exactly the one asked for and that every object it
 promises is present with its exact size. `fetch` reads manifest.json (its SHA-256 must
 be the descriptor's), declares each payload file to the writer with the remote layout,
 and streams the tensor bytes in bounded ranges, several in flight, into the writer in
-order. The writer hashes every byte as it lands; before `fetch` returns, each tensor
-digest and each file digest must equal the remote manifest's, so a wrong byte fails the
-build and nothing is ever published from it.
+order: one pass, each range read once into a buffer, written from it, and hashed from
+that same buffer on a hash lane behind the writes (the staged file is never read back).
+Before `fetch` returns, each tensor digest and each file digest must equal the remote
+manifest's, so a wrong byte fails the build and nothing is ever published from it.
 
-Memory: at most `max_concurrency` ranges of about `chunk_bytes` are in flight plus one
-being written (a single row longer than `chunk_bytes` is read whole).
+Memory: at most `max_concurrency` ranges of about `chunk_bytes` are being read, as many
+wait for hashing, and up to twice that many emptied buffers are kept for reuse during a
+fetch (a single row longer than `chunk_bytes` is read whole, in a buffer of its own).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import collections
 import contextlib
 import hashlib
 import os
+import threading
 from collections.abc import Generator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -147,7 +150,8 @@ class _HashLanes:
     for hashing, so memory stays bounded; `drain` waits for them and raises what they raised.
     """
 
-    def __init__(self, chunk_bytes: int, algorithm: DigestAlgorithm, *, pending: int) -> None:
+    def __init__(self, chunk_bytes: int, algorithm: DigestAlgorithm, *, pending: int, buffers: _Buffers) -> None:
+        self.buffers = buffers
         self._chunk_bytes = chunk_bytes
         self._algorithm = algorithm
         self._pending = pending
@@ -180,6 +184,33 @@ class _HashLanes:
         with memoryview(buffer) as whole:
             for write in writes:
                 hashers[write.spec.name].update(whole[write.offset : write.offset + write.nbytes], self._leaves)
+        self.buffers.give(buffer)
+
+
+class _Buffers:
+    """Range buffers handed back after use: a fresh buffer of tens of MiB costs a page fault and a zeroed page
+    per 4 KiB on first touch; a reused one costs neither. Only buffers of the usual size are kept, at most `keep`."""
+
+    def __init__(self, size: int, *, keep: int) -> None:
+        self._size = size
+        self._keep = keep
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bytearray:
+        if nbytes > self._size:
+            return bytearray(nbytes)  # one row longer than a range: read whole, never kept
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return bytearray(self._size)
+
+    def give(self, buffer: bytearray) -> None:
+        if len(buffer) != self._size:
+            return
+        with self._lock:
+            if len(self._free) < self._keep:
+                self._free.append(buffer)
 
 
 def _leaf_threads() -> int:
@@ -377,7 +408,12 @@ class FsspecArtifactProvider:
         by_file = self._layout_by_file(key, manifest)
         with (
             ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix="hwr-remote") as pool,
-            _HashLanes(manifest.digest_chunk_bytes, algorithm, pending=self._concurrency) as lanes,
+            _HashLanes(
+                manifest.digest_chunk_bytes,
+                algorithm,
+                pending=self._concurrency,
+                buffers=_Buffers(self._chunk_bytes, keep=2 * self._concurrency + 2),
+            ) as lanes,
         ):
             for file in manifest.files:
                 self._fetch_file(key, file, by_file[file.name], writer, pool=pool, lanes=lanes)
@@ -466,7 +502,7 @@ class FsspecArtifactProvider:
         staging = isinstance(file_writer, StagingTensorFileWriter)
         hashers = lanes.open_file(tensors) if one_pass or not staging else None
         relative = f"{key}/{file.name}"
-        ranges = self._stream(relative, _plan_ranges(file, tensors, self._chunk_bytes), pool)
+        ranges = self._stream(relative, _plan_ranges(file, tensors, self._chunk_bytes), pool, lanes.buffers)
         with contextlib.closing(ranges):  # no read outlives a failed write
             for window_range, buffer in ranges:
                 fault_point("remote.fetch.chunk")
@@ -477,7 +513,9 @@ class FsspecArtifactProvider:
                     else:
                         file_writer.write_rows(write.spec.name, write.start_row, tensor)
                 if hashers is not None:
-                    lanes.hash_behind(hashers, buffer, window_range.writes)  # the buffer is never written again
+                    lanes.hash_behind(hashers, buffer, window_range.writes)  # then the buffer goes back to the pool
+                else:
+                    lanes.buffers.give(buffer)
         if hashers is None:
             file_writer.close()
             self._compare_written(key, file, tensors, file_writer)
@@ -492,27 +530,28 @@ class FsspecArtifactProvider:
             file_writer.close()
             self._compare_hashed(key, file, tensors, digests)
 
-    def _read_range(self, relative: str, item: _Range) -> bytearray:
-        """One ranged read into a writable buffer, on a reading thread (tensors view it)."""
-        return self._location.read_range(relative, item.start, item.end)
+    def _read_range(self, relative: str, item: _Range, buffers: _Buffers) -> tuple[bytearray, int]:
+        """One ranged read into a (reused) writable buffer, on a reading thread (tensors view it)."""
+        buffer = buffers.take(item.end - item.start)
+        return buffer, self._location.read_into(relative, item.start, item.end, buffer)
 
     def _stream(
-        self, relative: str, ranges: list[_Range], pool: ThreadPoolExecutor
+        self, relative: str, ranges: list[_Range], pool: ThreadPoolExecutor, buffers: _Buffers
     ) -> Generator[tuple[_Range, bytearray], None, None]:
         """Yield each range's bytes in order, keeping up to `max_concurrency` reads in flight."""
-        window: collections.deque[tuple[_Range, Future[bytearray]]] = collections.deque()
+        window: collections.deque[tuple[_Range, Future[tuple[bytearray, int]]]] = collections.deque()
         upcoming = iter(ranges)
         try:
             for item in upcoming:
-                window.append((item, pool.submit(self._read_range, relative, item)))
+                window.append((item, pool.submit(self._read_range, relative, item, buffers)))
                 if len(window) >= self._concurrency:
                     break
             while window:
                 item, future = window.popleft()
-                data = future.result()
-                if len(data) != item.end - item.start:
+                data, count = future.result()
+                if count != item.end - item.start:
                     raise remote_failed(
-                        f"{relative} at {self._provider_id} returned {len(data)} bytes for a read of "
+                        f"{relative} at {self._provider_id} returned {count} bytes for a read of "
                         f"{item.end - item.start} at offset {item.start}: the object is truncated or the server "
                         "ignores ranges",
                         retryable=False,
@@ -522,7 +561,7 @@ class FsspecArtifactProvider:
                     )
                 following = next(upcoming, None)
                 if following is not None:
-                    read = pool.submit(self._read_range, relative, following)
+                    read = pool.submit(self._read_range, relative, following, buffers)
                     window.append((following, read))
                 yield item, data
         finally:
