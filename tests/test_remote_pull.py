@@ -23,6 +23,7 @@ import pytest
 from host_weight_runtime import FilesystemHostWeightStore, ValidationLevel
 from host_weight_runtime.manifest import WeightManifest
 from host_weight_runtime.remote import ArtifactName, NameIndexEntry
+from host_weight_runtime.remote.names import name_of_manifest_metadata
 from host_weight_runtime.tools.synthetic_models import save_hub_snapshot, save_pipeline_folder
 
 from .remote_support import assert_bitwise_equal
@@ -168,3 +169,51 @@ def test_an_index_that_points_at_a_missing_or_different_artifact(fleet: dict[str
     assert wrong.returncode == 1 and failure["code"] == "remote_failed" and failure["retryable"] is False
     artifacts = root_b / "artifacts"
     assert not artifacts.exists() or list(artifacts.iterdir()) == []
+
+
+def _metadata(revision: str = REVISION, subfolder: str | None = SUBFOLDER) -> dict[str, Any]:
+    return {"built_from": {"model_id": REPO_ID, "sources": [{"revision": revision, "subfolder": subfolder}]}}
+
+
+def _files(*names: str) -> dict[str, Any]:
+    return {"sources": [{"files": [{"name": name} for name in names]}]}
+
+
+@pytest.mark.parametrize(
+    ("files", "variant", "named"),
+    [
+        (("diffusion_pytorch_model.safetensors",), None, True),
+        (
+            (
+                "diffusion_pytorch_model-00001-of-00002.safetensors",
+                "diffusion_pytorch_model-00002-of-00002.safetensors",
+            ),
+            None,
+            True,
+        ),
+        (("diffusion_pytorch_model.fp16.safetensors",), "fp16", True),
+        (
+            (
+                "diffusion_pytorch_model.fp16-00001-of-00002.safetensors",
+                "diffusion_pytorch_model.fp16-00002-of-00002.safetensors",
+            ),
+            "fp16",
+            True,
+        ),
+        (("model.safetensors",), None, True),
+        (("diffusion_pytorch_model.fp16.safetensors", "diffusion_pytorch_model.safetensors"), None, False),
+        (("weights.safetensors",), None, False),
+    ],
+)
+def test_a_manifest_is_named_only_when_its_sources_say_one_name(
+    files: tuple[str, ...], variant: str | None, named: bool
+) -> None:
+    """E13: the variant comes from the source file names; mixed or unknown file names, a branch revision or a
+    local folder (no pinned hub commit) leave the artifact unnamed rather than misnamed."""
+    name = name_of_manifest_metadata(_metadata(), "torch.bfloat16", _files(*files))
+    if not named:
+        assert name is None
+        return
+    assert name == ArtifactName(REPO_ID, REVISION, SUBFOLDER, variant, "bfloat16")
+    assert name_of_manifest_metadata(_metadata(revision="main"), "torch.bfloat16", _files(*files)) is None
+    assert name_of_manifest_metadata({"built_from": {"model_id": "/models/x", "sources": []}}, "bf16") is None

@@ -155,8 +155,56 @@ class NameIndexEntry:
         return cls(parsed, key, representation, content, uploaded)
 
 
-def name_of_manifest_metadata(format_metadata: JsonValue, dtype: str) -> ArtifactName | None:
-    """The name an artifact was built from, when its manifest says it came from one pinned hub snapshot."""
+# diffusers' weight file names: `<base>[.<variant>][-00001-of-00002].safetensors` (or .bin).
+_WEIGHT_FILE = re.compile(
+    r"(?:diffusion_pytorch_model|model|pytorch_model)(?:\.(?P<variant>[A-Za-z0-9_]+))?(?:-\d{5}-of-\d{5})?"
+    r"\.(?:safetensors|bin)"
+)
+
+
+def _file_names(source_metadata: JsonValue) -> list[str] | None:
+    """The weight file names an identity's source metadata lists, or None when it lists them in another shape."""
+    sources = source_metadata.get("sources") if isinstance(source_metadata, dict) else None
+    if not isinstance(sources, list):
+        return None
+    names: list[str] = []
+    for source in sources:
+        files = source.get("files") if isinstance(source, dict) else None
+        if not isinstance(files, list):
+            return None
+        for entry in files:
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if type(name) is not str:
+                return None
+            names.append(name)
+    return names
+
+
+def _variant_of(source_metadata: JsonValue) -> tuple[bool, str | None]:
+    """(known, variant): the weights variant the source files spell (None: the default files). Not known when
+    they do not say one variant unambiguously; then the artifact gets no name rather than a wrong one."""
+    names = _file_names(source_metadata)
+    if not names:
+        return False, None
+    variants: set[str | None] = set()
+    for name in names:
+        match = _WEIGHT_FILE.fullmatch(name.rsplit("/", 1)[-1])
+        if match is None:
+            return False, None
+        variants.add(match.group("variant"))
+    if len(variants) != 1:
+        return False, None
+    return True, variants.pop()
+
+
+def name_of_manifest_metadata(
+    format_metadata: JsonValue, dtype: str, source_metadata: JsonValue = None
+) -> ArtifactName | None:
+    """The name an artifact was built from, when its manifest says it came from one pinned hub snapshot.
+
+    The variant comes from the source file names the identity lists (`*.fp16.safetensors`); files
+    that do not say one variant unambiguously leave the artifact unnamed.
+    """
     built_from = format_metadata.get("built_from") if isinstance(format_metadata, dict) else None
     if not isinstance(built_from, dict):
         return None
@@ -166,18 +214,18 @@ def name_of_manifest_metadata(format_metadata: JsonValue, dtype: str) -> Artifac
         return None
     revisions = {source.get("revision") for source in sources if isinstance(source, dict)}
     subfolders = {source.get("subfolder") for source in sources if isinstance(source, dict)}
-    variants = {source.get("variant") for source in sources if isinstance(source, dict)}
-    if len(revisions) != 1 or len(subfolders) != 1 or len(variants) != 1:
+    if len(revisions) != 1 or len(subfolders) != 1:
         return None
-    [revision], [subfolder], [variant] = revisions, subfolders, variants
-    if type(revision) is not str or not is_pinned_revision(revision):
+    [revision], [subfolder] = revisions, subfolders
+    known, variant = _variant_of(source_metadata)
+    if type(revision) is not str or not is_pinned_revision(revision) or not known:
         return None
     try:
         return ArtifactName(
             repo_id=repo_id,
             revision=revision,
             component=subfolder if type(subfolder) is str else None,
-            variant=variant if type(variant) is str else None,
+            variant=variant,
             dtype=dtype,
         )
     except ValueError:

@@ -493,18 +493,23 @@ class FsspecArtifactProvider:
         lanes: _HashLanes,
     ) -> None:
         specs = tuple(_spec_of(entry) for entry in tensors)
-        one_pass = False
-        if isinstance(writer, StagingArtifactWriter):
-            one_pass = True
-            file_writer: TensorFileWriter = writer.open_tensor_file(file.name, specs, ordered=True, caller_hashes=True)
-        else:
-            file_writer = writer.open_tensor_file(file.name, specs, ordered=True)
-        staging = isinstance(file_writer, StagingTensorFileWriter)
-        hashers = lanes.open_file(tensors) if one_pass or not staging else None
         relative = f"{key}/{file.name}"
         ranges = self._stream(relative, _plan_ranges(file, tensors, self._chunk_bytes), pool, lanes.buffers)
         with contextlib.closing(ranges):  # no read outlives a failed write
-            for window_range, buffer in ranges:
+            next(ranges)  # the first reads start now, while the writer preallocates the file
+            one_pass = False
+            if isinstance(writer, StagingArtifactWriter):
+                one_pass = True
+                file_writer: TensorFileWriter = writer.open_tensor_file(
+                    file.name, specs, ordered=True, caller_hashes=True
+                )
+            else:
+                file_writer = writer.open_tensor_file(file.name, specs, ordered=True)
+            staging = isinstance(file_writer, StagingTensorFileWriter)
+            hashers = lanes.open_file(tensors) if one_pass or not staging else None
+            for item in ranges:
+                assert item is not None
+                window_range, buffer = item
                 fault_point("remote.fetch.chunk")
                 for write in window_range.writes:
                     tensor = _tensor_from(buffer, write)
@@ -537,8 +542,9 @@ class FsspecArtifactProvider:
 
     def _stream(
         self, relative: str, ranges: list[_Range], pool: ThreadPoolExecutor, buffers: _Buffers
-    ) -> Generator[tuple[_Range, bytearray], None, None]:
-        """Yield each range's bytes in order, keeping up to `max_concurrency` reads in flight."""
+    ) -> Generator[tuple[_Range, bytearray] | None, None, None]:
+        """Yield None once the first reads are submitted, then each range's bytes in order, keeping up to
+        `max_concurrency` reads in flight."""
         window: collections.deque[tuple[_Range, Future[tuple[bytearray, int]]]] = collections.deque()
         upcoming = iter(ranges)
         try:
@@ -546,6 +552,7 @@ class FsspecArtifactProvider:
                 window.append((item, pool.submit(self._read_range, relative, item, buffers)))
                 if len(window) >= self._concurrency:
                     break
+            yield None
             while window:
                 item, future = window.popleft()
                 data, count = future.result()

@@ -31,7 +31,9 @@ __all__ = ["PulledArtifact", "index_artifact_name", "pull_by_name", "read_name_e
 def index_artifact_name(location: RemoteLocation, manifest: WeightManifest) -> ArtifactName | None:
     """Point the manifest's name (if it was built from a pinned hub snapshot) at its key; None when it has none."""
     dtype = manifest.identity.representation.dtype
-    name = name_of_manifest_metadata(manifest.format_metadata.to_value(), dtype)
+    name = name_of_manifest_metadata(
+        manifest.format_metadata.to_value(), dtype, manifest.identity.source.metadata.to_value()
+    )
     if name is None:
         return None
     entry = NameIndexEntry(
