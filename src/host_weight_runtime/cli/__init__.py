@@ -1,4 +1,4 @@
-"""The `hwr` command: inspect, verify, clean and gc a domain, prewarm a model, push and list remote artifacts,
+"""The `hwr` command: inspect, verify, clean and gc a domain, prewarm a model, push, pull and list remote artifacts,
 run the demo and the benchmark.
 
 Thin by design: parse arguments, call the library, print. One module per command, each
@@ -15,14 +15,14 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..config import ENV_ROOT, default_root
-from . import bench, cleanup, demo, gc, inspect, prewarm, push, remote, verify
+from . import bench, cleanup, demo, gc, inspect, prewarm, pull, push, remote, verify
 from ._command import CommandModule, Handler
 from ._output import run_command
 
 __all__ = ["main"]
 
 # The order is the order `hwr --help` lists them in; a new command is one module and one entry here.
-COMMANDS: tuple[CommandModule, ...] = (inspect, verify, cleanup, gc, prewarm, push, remote, demo, bench)
+COMMANDS: tuple[CommandModule, ...] = (inspect, verify, cleanup, gc, prewarm, push, pull, remote, demo, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

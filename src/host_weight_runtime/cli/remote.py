@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..config import ENV_REMOTE_ENDPOINT_URL, ENV_REMOTE_TIMEOUT, HostWeightRuntimeConfig
-from ..failures import FailureCode, HostWeightError
+from ..failures import FailureCode, HostWeightError, HostWeightUsageError
 from ._command import Subcommands, add_command, positive_float
 from ._output import EXIT_FAILURE, EXIT_OK, UsageError, add_json_option, print_json, short_key, size, stdout_console
 
@@ -126,6 +126,8 @@ def _list(args: argparse.Namespace) -> int:
                 args.url, storage_options=settings.storage_options(args.url), timeout_s=settings.timeout_s
             )
         )
+    except HostWeightUsageError:
+        raise
     except HostWeightError as exc:
         if not args.json:
             raise

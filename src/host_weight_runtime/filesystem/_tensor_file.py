@@ -9,7 +9,7 @@ import contextlib
 import errno
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +93,13 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 
 
 def create_tensor_file(
-    owner: TensorFileOwner, staging_dir: Path, name: str, layout: FileLayout, *, ordered: bool
+    owner: TensorFileOwner,
+    staging_dir: Path,
+    name: str,
+    layout: FileLayout,
+    *,
+    ordered: bool,
+    caller_hashes: bool = False,
 ) -> StagingTensorFileWriter:
     """Create payload file `name` (it must not exist), preallocate its final size and write its header.
 
@@ -114,7 +120,7 @@ def create_tensor_file(
             _pwrite_all(fd, layout.header, 0)
         except OSError as exc:
             raise os_failed(exc, f"writing the safetensors header of {name}", file=name) from exc
-        return StagingTensorFileWriter(owner, name, fd, layout, ordered=ordered)
+        return StagingTensorFileWriter(owner, name, fd, layout, ordered=ordered, caller_hashes=caller_hashes)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
@@ -131,6 +137,7 @@ class StagingTensorFileWriter:
     """
 
     __slots__ = (
+        "_caller_hashes",
         "_closed",
         "_coverage",
         "_fd",
@@ -144,8 +151,18 @@ class StagingTensorFileWriter:
         "_result",
     )
 
-    def __init__(self, owner: TensorFileOwner, name: str, fd: int, layout: FileLayout, *, ordered: bool) -> None:
+    def __init__(
+        self,
+        owner: TensorFileOwner,
+        name: str,
+        fd: int,
+        layout: FileLayout,
+        *,
+        ordered: bool,
+        caller_hashes: bool = False,
+    ) -> None:
         self._owner = owner
+        self._caller_hashes = caller_hashes
         self._name = name
         self._fd = fd
         self._layout = layout
@@ -203,7 +220,25 @@ class StagingTensorFileWriter:
 
     def close(self) -> None:
         """Check coverage, fsync, hash and release the file; later calls do nothing."""
+        if self._caller_hashes and not self._closed:
+            self._owner._guarded(self._refuse_unhashed_close)
         self._owner._guarded(self._close)
+
+    def close_hashed(self, tensor_digests: Sequence[str]) -> None:
+        """Close a file opened with `caller_hashes`: record the caller's digests instead of reading the file back.
+
+        For a caller that hashed every byte it wrote from the very buffers it wrote (a remote
+        import hashes each range as it lands), in this writer's chunking and algorithm, one
+        digest per tensor in layout order. The file digest is still composed here, from the
+        header this writer wrote.
+        """
+        digests = tuple(tensor_digests)
+        self._owner._guarded(lambda: self._close(digests))
+
+    def _refuse_unhashed_close(self) -> None:
+        raise producer_failed(
+            f"{self._name} was opened with caller_hashes: close it with close_hashed(digests)", file=self._name
+        )
 
     # -- writing
 
@@ -242,7 +277,7 @@ class StagingTensorFileWriter:
                     coverage.mark_done(start, stop)
                 if len(data):
                     self._next_byte = begin + len(data)
-                if coverage.first_missing() is None:
+                if coverage.first_missing() is None and not self._caller_hashes:
                     self._hasher.hash_behind(placement)
             return
         with self._lock:
@@ -308,7 +343,7 @@ class StagingTensorFileWriter:
 
     # -- closing
 
-    def _close(self) -> None:
+    def _close(self, caller_digests: tuple[str, ...] | None = None) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -321,7 +356,7 @@ class StagingTensorFileWriter:
                 except OSError as exc:
                     raise os_failed(exc, f"fsyncing {self._name}", file=self._name) from exc
                 try:
-                    self._result = self._written_file()
+                    self._result = self._written_file(caller_digests)
                 except OSError as exc:  # reading the written bytes back to hash them
                     raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
             finally:
@@ -343,9 +378,20 @@ class StagingTensorFileWriter:
                     stop_row=end,
                 )
 
-    def _written_file(self) -> WrittenFile:
+    def _written_file(self, caller_digests: tuple[str, ...] | None = None) -> WrittenFile:
         """The manifest's record of this complete file, with the digests of what was written."""
-        digests = self._hasher.tensor_digests(ordered=self._ordered)
+        if caller_digests is None:
+            digests = self._hasher.tensor_digests(ordered=self._ordered)
+        elif len(caller_digests) != len(self._layout.placements) or not all(
+            type(digest) is str and digest for digest in caller_digests
+        ):
+            raise producer_failed(
+                f"{self._name}: close_hashed needs one digest per tensor ({len(self._layout.placements)}), got "
+                f"{len(caller_digests)}",
+                file=self._name,
+            )
+        else:
+            digests = list(caller_digests)
         entries = tuple(
             TensorManifestEntry(
                 name=placement.spec.name,

@@ -197,11 +197,20 @@ class StagingArtifactWriter:
         specs: tuple[TensorWriteSpec, ...],
         *,
         ordered: bool = False,
+        caller_hashes: bool = False,
     ) -> StagingTensorFileWriter:
-        """Create, preallocate and header-stamp one payload file for exactly `specs`."""
-        return self._guarded(lambda: self._open(relative_name, specs, ordered))
+        """Create, preallocate and header-stamp one payload file for exactly `specs`.
 
-    def _open(self, relative_name: str, specs: Iterable[TensorWriteSpec], ordered: bool) -> StagingTensorFileWriter:
+        `caller_hashes` (ordered files only): the caller hashes what it writes and closes the
+        file with `close_hashed(digests)`, so nothing is read back (a remote import's one pass).
+        """
+        if caller_hashes and not ordered:
+            raise producer_failed("caller_hashes needs an ordered file", file=str(relative_name))
+        return self._guarded(lambda: self._open(relative_name, specs, ordered, caller_hashes))
+
+    def _open(
+        self, relative_name: str, specs: Iterable[TensorWriteSpec], ordered: bool, caller_hashes: bool = False
+    ) -> StagingTensorFileWriter:
         self._check_open()
         try:
             name = validate_file_name(relative_name)
@@ -224,7 +233,7 @@ class StagingArtifactWriter:
             self._file_names.add(name)
             self._tensor_names |= tensor_names
         try:
-            file_writer = self._create(name, layout, ordered)
+            file_writer = self._create(name, layout, ordered, caller_hashes)
         except BaseException:
             with self._lock:
                 self._file_names.discard(name)
@@ -234,14 +243,18 @@ class StagingArtifactWriter:
             self._files.append(file_writer)
         return file_writer
 
-    def _create(self, name: str, layout: FileLayout, ordered: bool) -> StagingTensorFileWriter:
+    def _create(
+        self, name: str, layout: FileLayout, ordered: bool, caller_hashes: bool = False
+    ) -> StagingTensorFileWriter:
         # The guard (the store's capacity lock) spans the check and the preallocation, so the
         # preallocated file is the reservation the next builder counts.
         with self._reservation_guard():
             self._reserve(layout.size)  # capacity failures propagate unchanged (and are recorded)
             with self._lock:
                 self._bytes_reserved += layout.size
-            return create_tensor_file(self, self._staging_dir, name, layout, ordered=ordered)
+            return create_tensor_file(
+                self, self._staging_dir, name, layout, ordered=ordered, caller_hashes=caller_hashes
+            )
 
     def finish(self) -> tuple[WrittenFile, ...]:
         """All files closed, complete and fsynced (and their names durable); returns them in open order."""

@@ -22,7 +22,13 @@ retryable. Nothing secret is ever written to the remote, a message or a listing.
 Import (`import_remote_artifact`) is an ordinary build of the local store: the
 provider's `fetch` streams the payloads into the store's writer in tmp/, under the build
 lock, and publication is the usual atomic rename. Export (`push_artifact`) verifies the
-local artifact with FULL_CHECKSUM first.
+local artifact with FULL_CHECKSUM first (unless the remote already holds a complete copy
+with the same manifest digest: then nothing is read or sent). `push_all_artifacts` does
+that for every complete local artifact. A push also keeps the remote's name index
+(`names`): `pull_by_name` lets a node that holds nothing of a model import it by repo id and
+pinned revision. Every URL is checked before anything is written:
+an unsupported scheme, a file:// folder that does not exist (a push creates only the last
+folder, never its parents) and a missing bucket are usage errors, never retryable.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ from typing import Any
 from ._descriptor import DESCRIPTOR_FILE_NAME, RemoteDescriptorRecord, RemoteFileRecord
 from ._location import DEFAULT_TIMEOUT_S, check_remote_url
 from .importer import RemoteImportProducer, import_remote_artifact, verify_imported
+from .names import ArtifactName, NameIndexEntry, is_pinned_revision
 from .provider import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_CONCURRENCY, FsspecArtifactProvider
+from .pull import PulledArtifact, pull_by_name
 from .push import (
     PushResult,
     PushStatus,
@@ -43,13 +51,18 @@ from .push import (
     push_artifact,
     push_in_background,
 )
+from .push_all import PushAllOutcome, push_all_artifacts, pushable_keys
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "ArtifactName",
+    "NameIndexEntry",
+    "PulledArtifact",
     "DEFAULT_MAX_CONCURRENCY",
     "DEFAULT_TIMEOUT_S",
     "DESCRIPTOR_FILE_NAME",
     "FsspecArtifactProvider",
+    "PushAllOutcome",
     "PushResult",
     "PushStatus",
     "RemoteArtifactListing",
@@ -59,10 +72,14 @@ __all__ = [
     "RemoteImportProducer",
     "check_remote_url",
     "import_remote_artifact",
+    "is_pinned_revision",
     "list_remote",
     "providers_from_urls",
+    "pull_by_name",
+    "push_all_artifacts",
     "push_artifact",
     "push_in_background",
+    "pushable_keys",
     "storage_options_for",
     "verify_imported",
 ]

@@ -10,6 +10,7 @@ value or a backend message (which may quote signed URLs).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
@@ -20,7 +21,7 @@ from urllib.parse import urlsplit
 
 from .._remote_url import DEFAULT_TIMEOUT_S, check_remote_url
 from ..canonical_json import JsonValue
-from ..failures import FailureCode, HostWeightError, ResolutionStage, failure
+from ..failures import FailureCode, HostWeightError, HostWeightUsageError, ResolutionStage, failure, usage_error
 from ..filesystem import errno_name
 
 if TYPE_CHECKING:
@@ -100,8 +101,25 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 
 def _http_status(exc: BaseException) -> int | None:
+    """The HTTP status behind an error: aiohttp's `status`, or botocore's response metadata."""
     status = getattr(exc, "status", None)
+    if type(status) is int:
+        return status
+    response = getattr(exc, "response", None)
+    metadata = response.get("ResponseMetadata") if isinstance(response, dict) else None
+    status = metadata.get("HTTPStatusCode") if isinstance(metadata, dict) else None
     return status if type(status) is int else None
+
+
+def _service_error_code(exc: BaseException) -> str | None:
+    """The error code an object store answered with (botocore's ClientError: "NoSuchBucket", "AccessDenied")."""
+    response = getattr(exc, "response", None)
+    error = response.get("Error") if isinstance(response, dict) else None
+    code = error.get("Code") if isinstance(error, dict) else None
+    return code if type(code) is str else None
+
+
+_MISSING_BUCKET_CODES = frozenset({"NoSuchBucket"})
 
 
 class RemoteLocation:
@@ -196,6 +214,8 @@ class RemoteLocation:
             raise
         except Exception as exc:
             cause = _unwrap(exc)
+            if _service_error_code(cause) in _MISSING_BUCKET_CODES:
+                raise self._missing_root("its bucket does not exist") from None
             if missing_ok and (isinstance(cause, FileNotFoundError) or _http_status(cause) == 404):
                 raise _MissingObjectError from None
             self._raise_typed(cause, what, relative)
@@ -253,7 +273,49 @@ class RemoteLocation:
             **details,
         ) from None
 
+    def _missing_root(self, problem: str) -> HostWeightUsageError:
+        """A remote URL that names nothing: a typo or a missing bucket, which no retry can fix."""
+        return usage_error(
+            f"the remote {self._name} cannot be used: {problem}. Check the URL (and HWR_REMOTE_ENDPOINT_URL); "
+            "create the bucket or folder first if it is meant to be new",
+            provider_id=self._name,
+            missing_root=True,
+        )
+
     # -- operations
+
+    def check_target(self, *, for_write: bool) -> None:
+        """Raise a usage error unless the URL names something that exists (checked before anything is written).
+
+        file://: the folder must exist; a push may create it only when its parent exists, so a
+        mistyped path never grows a tree of folders. s3:// and gs://: the bucket must exist (a
+        prefix inside it may be new). http(s):// is only read and has no folders to check.
+        """
+        if self._read_only:
+            return
+        if self._local:
+            self._check_local_root(for_write=for_write)
+            return
+        bucket = self._root.split("/", 1)[0]
+        try:
+            self._call("info", "checking the bucket", bucket, bucket, missing_ok=True)
+        except _MissingObjectError:
+            raise self._missing_root(
+                f"the bucket {bucket} does not exist (or these credentials cannot see it)"
+            ) from None
+
+    def _check_local_root(self, *, for_write: bool) -> None:
+        root = self._root or "/"
+        if os.path.isdir(root):
+            return
+        if os.path.lexists(root):
+            raise self._missing_root(f"{root} exists but is not a folder")
+        parent = os.path.dirname(root.rstrip("/")) or "/"
+        if for_write and os.path.isdir(parent):
+            return  # the first push creates the folder itself, never its parents
+        if for_write:
+            raise self._missing_root(f"neither the folder {root} nor its parent {parent} exists")
+        raise self._missing_root(f"the folder {root} does not exist")
 
     def list_folder(self, relative: str) -> tuple[RemoteObject, ...] | None:
         """The objects directly under `relative` (a folder), or None when there is no such folder."""
@@ -307,6 +369,35 @@ class RemoteLocation:
             )
         return bytes(data) if isinstance(data, bytearray) else data
 
+    def read_into(self, relative: str, start: int, end: int, buffer: bytearray) -> int:
+        """Read bytes [start, end) into the front of `buffer` (at least end - start long); returns how many came.
+
+        A local file is read straight into the buffer with pread (one copy, like a plain copy);
+        other backends copy what they return. More bytes than asked (a server that ignores
+        ranges) are counted, not copied, so the caller sees the wrong length.
+        """
+        if not self._local:
+            data = self.read(relative, start, end)
+            if len(data) <= len(buffer):
+                buffer[: len(data)] = data
+            return len(data)
+        wanted = end - start
+        done = 0
+        try:
+            fd = os.open(self.path(relative), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                with memoryview(buffer) as view:
+                    while done < wanted:
+                        count = os.preadv(fd, [view[done:wanted]], start + done)
+                        if count == 0:
+                            break  # the object is shorter than promised: the caller sees a short read
+                        done += count
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self._raise_typed(exc, "reading", relative)
+        return done
+
     def require_writable(self, relative: str) -> None:
         """Raise UNSUPPORTED on a read-only (http/https) remote."""
         if self._read_only:
@@ -345,6 +436,17 @@ class RemoteLocation:
     def remove(self, relative: str) -> None:
         self.require_writable(relative)
         self._call("rm_file", "removing", relative, self.path(relative))
+
+    def remove_if_present(self, relative: str) -> None:
+        """Remove an object this process wrote; one already gone is fine."""
+        if self.size_of(relative) is not None:
+            self.remove(relative)
+
+    def remove_empty_folder(self, relative: str) -> None:
+        """Remove a key folder left empty on a file:// remote (object stores have no folders to remove)."""
+        if self._local:
+            with contextlib.suppress(OSError):  # not empty (another writer) or already gone: leave it
+                os.rmdir(self.path(relative))
 
 
 def _with_timeouts(scheme: str, options: dict[str, Any], timeout_s: float) -> dict[str, Any]:

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import time
 
-from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
+from ..failures import (
+    FailureCode,
+    HostWeightError,
+    HostWeightFailure,
+    HostWeightUsageError,
+    ResolutionStage,
+    failure,
+)
 from ..filesystem.store import FilesystemHostWeightStore
 from ..identity import WeightArtifactIdentity
 from ..lease import LeaseSource
@@ -100,6 +107,15 @@ def import_remote_artifact(
     started = time.monotonic()
     try:
         descriptor = provider.probe(identity)
+    except HostWeightUsageError as exc:  # a mistyped URL or a missing bucket: this remote is unusable, not fatal
+        refused = exc.failure
+        return _failed(
+            identity,
+            HostWeightFailure(
+                ResolutionStage.REMOTE, FailureCode.REMOTE_FAILED, False, refused.message, refused.details
+            ),
+            started,
+        )
     except HostWeightError as exc:
         return _failed(identity, _remote_stage(exc.failure), started)
     except Exception as exc:  # a provider outside this package that raised untyped

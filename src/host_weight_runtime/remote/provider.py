@@ -5,12 +5,14 @@ that the identity it names is exactly the one asked for and that every object it
 promises is present with its exact size. `fetch` reads manifest.json (its SHA-256 must
 be the descriptor's), declares each payload file to the writer with the remote layout,
 and streams the tensor bytes in bounded ranges, several in flight, into the writer in
-order. The writer hashes every byte as it lands; before `fetch` returns, each tensor
-digest and each file digest must equal the remote manifest's, so a wrong byte fails the
-build and nothing is ever published from it.
+order: one pass, each range read once into a buffer, written from it, and hashed from
+that same buffer on a hash lane behind the writes (the staged file is never read back).
+Before `fetch` returns, each tensor digest and each file digest must equal the remote
+manifest's, so a wrong byte fails the build and nothing is ever published from it.
 
-Memory: at most `max_concurrency` ranges of about `chunk_bytes` are in flight plus one
-being written (a single row longer than `chunk_bytes` is read whole).
+Memory: at most `max_concurrency` ranges of about `chunk_bytes` are being read, as many
+wait for hashing, and up to twice that many emptied buffers are kept for reuse during a
+fetch (a single row longer than `chunk_bytes` is read whole, in a buffer of its own).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
 import collections
 import contextlib
 import hashlib
+import os
+import threading
 from collections.abc import Generator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,7 +36,7 @@ from .._digest import DEFAULT_DIGEST_ALGORITHM, DigestAlgorithm, TreeHasher
 from .._faults import fault_point
 from ..canonical_json import JsonValue
 from ..failures import HostWeightError
-from ..filesystem.writer import StagingTensorFileWriter
+from ..filesystem.writer import StagingArtifactWriter, StagingTensorFileWriter
 from ..identity import WeightArtifactIdentity
 from ..manifest import MANIFEST_FILE_NAME, FileManifestEntry, TensorManifestEntry, WeightManifest
 from ..protocols import (
@@ -138,6 +142,81 @@ def _tensor_from(buffer: bytearray, write: _Write) -> torch.Tensor:
     return flat.reshape(shape)
 
 
+class _HashLanes:
+    """Hashes each range's bytes right after they were written, behind the writes, in file order.
+
+    One lane thread feeds every tensor's tree hasher in order (ranges of a tensor arrive in
+    order); whole digest chunks spread over a few more threads. At most `pending` ranges wait
+    for hashing, so memory stays bounded; `drain` waits for them and raises what they raised.
+    """
+
+    def __init__(self, chunk_bytes: int, algorithm: DigestAlgorithm, *, pending: int, buffers: _Buffers) -> None:
+        self.buffers = buffers
+        self._chunk_bytes = chunk_bytes
+        self._algorithm = algorithm
+        self._pending = pending
+        self._lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-remote-hash")
+        self._leaves = ThreadPoolExecutor(max_workers=_leaf_threads(), thread_name_prefix="hwr-remote-leaf")
+        self._queued: collections.deque[Future[None]] = collections.deque()
+
+    def __enter__(self) -> _HashLanes:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for future in self._queued:
+            future.cancel()
+        self._lane.shutdown(wait=True)
+        self._leaves.shutdown(wait=True)
+
+    def open_file(self, tensors: tuple[TensorManifestEntry, ...]) -> dict[str, TreeHasher]:
+        return {tensor.name: TreeHasher(self._chunk_bytes, self._algorithm) for tensor in tensors}
+
+    def hash_behind(self, hashers: dict[str, TreeHasher], buffer: bytearray, writes: tuple[_Write, ...]) -> None:
+        while len(self._queued) >= self._pending:
+            self._queued.popleft().result()
+        self._queued.append(self._lane.submit(self._hash, hashers, buffer, writes))
+
+    def drain(self) -> None:
+        while self._queued:
+            self._queued.popleft().result()
+
+    def _hash(self, hashers: dict[str, TreeHasher], buffer: bytearray, writes: tuple[_Write, ...]) -> None:
+        with memoryview(buffer) as whole:
+            for write in writes:
+                hashers[write.spec.name].update(whole[write.offset : write.offset + write.nbytes], self._leaves)
+        self.buffers.give(buffer)
+
+
+class _Buffers:
+    """Range buffers handed back after use: a fresh buffer of tens of MiB costs a page fault and a zeroed page
+    per 4 KiB on first touch; a reused one costs neither. Only buffers of the usual size are kept, at most `keep`."""
+
+    def __init__(self, size: int, *, keep: int) -> None:
+        self._size = size
+        self._keep = keep
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bytearray:
+        if nbytes > self._size:
+            return bytearray(nbytes)  # one row longer than a range: read whole, never kept
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return bytearray(self._size)
+
+    def give(self, buffer: bytearray) -> None:
+        if len(buffer) != self._size:
+            return
+        with self._lock:
+            if len(self._free) < self._keep:
+                self._free.append(buffer)
+
+
+def _leaf_threads() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
 # --------------------------------------------------------------------------- provider
 
 
@@ -150,7 +229,7 @@ class FsspecArtifactProvider:
     metadata call or one ranged read of about `chunk_bytes`) on asynchronous backends.
     """
 
-    __slots__ = ("_chunk_bytes", "_concurrency", "_location", "_provider_id")
+    __slots__ = ("_chunk_bytes", "_concurrency", "_location", "_provider_id", "_root_seen")
 
     def __init__(
         self,
@@ -172,6 +251,7 @@ class FsspecArtifactProvider:
         self._provider_id = provider_id or self._location.name
         self._chunk_bytes = chunk_bytes
         self._concurrency = max_concurrency
+        self._root_seen = False
 
     @property
     def provider_id(self) -> str:
@@ -192,6 +272,7 @@ class FsspecArtifactProvider:
         key = identity.key
         read = self.read_descriptor(key)
         if read is None:
+            self._require_root()
             return None
         record, listing = read
         if record.identity != identity or record.identity.to_dict() != identity.to_dict():
@@ -240,6 +321,12 @@ class FsspecArtifactProvider:
         if record.identity_key != key:
             raise self._content_failure(key, "its descriptor belongs to another key (identity_key differs)")
         return record, listing
+
+    def _require_root(self) -> None:
+        """On a miss, make sure the remote itself exists: a mistyped URL must not look like an empty remote."""
+        if not self._root_seen:
+            self._location.check_target(for_write=False)
+            self._root_seen = True
 
     def check_objects(self, key: str, record: RemoteDescriptorRecord, listing: dict[str, int] | None) -> None:
         """Raise typed unless every promised object is there with its exact size (and, if listable, nothing else)."""
@@ -319,17 +406,17 @@ class FsspecArtifactProvider:
                 key, f"it was digested with {algorithm.value} and this store's writer cannot reproduce that"
             )
         by_file = self._layout_by_file(key, manifest)
-        with ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix="hwr-remote") as pool:
+        with (
+            ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix="hwr-remote") as pool,
+            _HashLanes(
+                manifest.digest_chunk_bytes,
+                algorithm,
+                pending=self._concurrency,
+                buffers=_Buffers(self._chunk_bytes, keep=2 * self._concurrency + 2),
+            ) as lanes,
+        ):
             for file in manifest.files:
-                self._fetch_file(
-                    key,
-                    file,
-                    by_file[file.name],
-                    writer,
-                    pool=pool,
-                    digest_chunk_bytes=manifest.digest_chunk_bytes,
-                    algorithm=algorithm,
-                )
+                self._fetch_file(key, file, by_file[file.name], writer, pool=pool, lanes=lanes)
         return ProductionMetadata(
             producer_schema=manifest.producer_schema,
             restorer_schema=manifest.restorer_schema,
@@ -403,17 +490,26 @@ class FsspecArtifactProvider:
         writer: ArtifactWriter,
         *,
         pool: ThreadPoolExecutor,
-        digest_chunk_bytes: int,
-        algorithm: DigestAlgorithm,
+        lanes: _HashLanes,
     ) -> None:
         specs = tuple(_spec_of(entry) for entry in tensors)
-        file_writer = writer.open_tensor_file(file.name, specs, ordered=True)
-        staging = isinstance(file_writer, StagingTensorFileWriter)
-        hashers: dict[str, TreeHasher] = {}
         relative = f"{key}/{file.name}"
-        ranges = self._stream(relative, _plan_ranges(file, tensors, self._chunk_bytes), pool)
+        ranges = self._stream(relative, _plan_ranges(file, tensors, self._chunk_bytes), pool, lanes.buffers)
         with contextlib.closing(ranges):  # no read outlives a failed write
-            for window_range, buffer in ranges:
+            next(ranges)  # the first reads start now, while the writer preallocates the file
+            one_pass = False
+            if isinstance(writer, StagingArtifactWriter):
+                one_pass = True
+                file_writer: TensorFileWriter = writer.open_tensor_file(
+                    file.name, specs, ordered=True, caller_hashes=True
+                )
+            else:
+                file_writer = writer.open_tensor_file(file.name, specs, ordered=True)
+            staging = isinstance(file_writer, StagingTensorFileWriter)
+            hashers = lanes.open_file(tensors) if one_pass or not staging else None
+            for item in ranges:
+                assert item is not None
+                window_range, buffer = item
                 fault_point("remote.fetch.chunk")
                 for write in window_range.writes:
                     tensor = _tensor_from(buffer, write)
@@ -421,36 +517,48 @@ class FsspecArtifactProvider:
                         file_writer.write_tensor(write.spec.name, tensor)
                     else:
                         file_writer.write_rows(write.spec.name, write.start_row, tensor)
-                    if not staging:
-                        hasher = hashers.setdefault(write.spec.name, TreeHasher(digest_chunk_bytes, algorithm))
-                        hasher.update(memoryview(buffer)[write.offset : write.offset + write.nbytes])
-        file_writer.close()
-        if staging:
+                if hashers is not None:
+                    lanes.hash_behind(hashers, buffer, window_range.writes)  # then the buffer goes back to the pool
+                else:
+                    lanes.buffers.give(buffer)
+        if hashers is None:
+            file_writer.close()
+            self._compare_written(key, file, tensors, file_writer)
+            return
+        lanes.drain()
+        digests = tuple(hashers[tensor.name].hexdigest() for tensor in tensors)
+        if one_pass:
+            assert isinstance(file_writer, StagingTensorFileWriter)
+            file_writer.close_hashed(digests)
             self._compare_written(key, file, tensors, file_writer)
         else:
-            self._compare_hashed(key, file, tensors, hashers, file_writer)
+            file_writer.close()
+            self._compare_hashed(key, file, tensors, digests)
 
-    def _read_range(self, relative: str, item: _Range) -> bytearray:
-        """One ranged read, copied into a writable buffer on the reading thread (tensors may view it)."""
-        return bytearray(self._location.read(relative, item.start, item.end))
+    def _read_range(self, relative: str, item: _Range, buffers: _Buffers) -> tuple[bytearray, int]:
+        """One ranged read into a (reused) writable buffer, on a reading thread (tensors view it)."""
+        buffer = buffers.take(item.end - item.start)
+        return buffer, self._location.read_into(relative, item.start, item.end, buffer)
 
     def _stream(
-        self, relative: str, ranges: list[_Range], pool: ThreadPoolExecutor
-    ) -> Generator[tuple[_Range, bytearray], None, None]:
-        """Yield each range's bytes in order, keeping up to `max_concurrency` reads in flight."""
-        window: collections.deque[tuple[_Range, Future[bytearray]]] = collections.deque()
+        self, relative: str, ranges: list[_Range], pool: ThreadPoolExecutor, buffers: _Buffers
+    ) -> Generator[tuple[_Range, bytearray] | None, None, None]:
+        """Yield None once the first reads are submitted, then each range's bytes in order, keeping up to
+        `max_concurrency` reads in flight."""
+        window: collections.deque[tuple[_Range, Future[tuple[bytearray, int]]]] = collections.deque()
         upcoming = iter(ranges)
         try:
             for item in upcoming:
-                window.append((item, pool.submit(self._read_range, relative, item)))
+                window.append((item, pool.submit(self._read_range, relative, item, buffers)))
                 if len(window) >= self._concurrency:
                     break
+            yield None
             while window:
                 item, future = window.popleft()
-                data = future.result()
-                if len(data) != item.end - item.start:
+                data, count = future.result()
+                if count != item.end - item.start:
                     raise remote_failed(
-                        f"{relative} at {self._provider_id} returned {len(data)} bytes for a read of "
+                        f"{relative} at {self._provider_id} returned {count} bytes for a read of "
                         f"{item.end - item.start} at offset {item.start}: the object is truncated or the server "
                         "ignores ranges",
                         retryable=False,
@@ -460,7 +568,7 @@ class FsspecArtifactProvider:
                     )
                 following = next(upcoming, None)
                 if following is not None:
-                    read = pool.submit(self._read_range, relative, following)
+                    read = pool.submit(self._read_range, relative, following, buffers)
                     window.append((following, read))
                 yield item, data
         finally:
@@ -503,13 +611,11 @@ class FsspecArtifactProvider:
         key: str,
         file: FileManifestEntry,
         tensors: tuple[TensorManifestEntry, ...],
-        hashers: dict[str, TreeHasher],
-        file_writer: TensorFileWriter,
+        digests: tuple[str, ...],
     ) -> None:
         """For a writer that reports no digests: compare the digests computed on the way in."""
-        del file_writer
-        for tensor in tensors:
-            if hashers[tensor.name].hexdigest() != tensor.digest:
+        for tensor, digest in zip(tensors, digests, strict=True):
+            if digest != tensor.digest:
                 raise self._content_failure(
                     key,
                     f"tensor {tensor.name} in {file.name} hashes differently from the remote manifest: the object "

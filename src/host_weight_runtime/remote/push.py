@@ -1,8 +1,8 @@
 """Export: upload a verified local artifact to a remote, descriptor last; list what a remote holds.
 
-`push_artifact` leases the artifact with FULL_CHECKSUM (every byte re-hashed against
-its manifest) and keeps the lease, so the artifact cannot be removed, while it uploads
-the payloads and the manifest, checks their remote sizes, and finally writes
+`push_artifact` leases the artifact (so it cannot be removed) and re-hashes every byte
+against its manifest (FULL_CHECKSUM) on a thread while it uploads the payloads and the
+manifest; it checks their remote sizes and, only once the re-hash agreed, writes
 DESCRIPTOR.json: the one object whose presence makes the upload visible. A remote that
 already holds the same artifact is left alone; one that holds a different artifact
 under the key is refused (the first publication stays authoritative, as locally).
@@ -26,11 +26,13 @@ from ..filesystem import read_small_file
 from ..filesystem.store import FilesystemHostWeightStore
 from ..identity import WeightArtifactIdentity
 from ..manifest import MANIFEST_FILE_NAME, WeightManifest, manifest_sha256
+from ..outcomes import StoreResult
 from ..tensors import ValidationLevel
 from ..version import __version__
 from ._descriptor import DESCRIPTOR_FILE_NAME, MAX_MANIFEST_BYTES, RemoteDescriptorRecord, RemoteFileRecord
 from ._location import DEFAULT_TIMEOUT_S, RemoteLocation, remote_failed
 from .provider import FsspecArtifactProvider
+from .pull import index_artifact_name
 
 __all__ = [
     "PushResult",
@@ -65,9 +67,11 @@ class PushResult:
     manifest_sha256: str
     content_sha256: str
     elapsed_s: float
+    name: str | None = None  # the name the remote's index maps to this key (pinned hub builds only)
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
+            "name": self.name,
             "key": self.key,
             "remote": self.remote,
             "status": self.status.value,
@@ -179,23 +183,27 @@ def push_artifact(
     reader = FsspecArtifactProvider(url, storage_options=storage_options, timeout_s=timeout_s)
     location = reader.location
     location.require_writable(key)  # before any work: an http(s) remote is read-only
-    local = store.lookup(identity, validation=ValidationLevel.FULL_CHECKSUM, deadline=deadline)
-    if local.lease is None:
-        problem = local.failure or failure(
-            ResolutionStage.REMOTE,
-            FailureCode.NOT_FOUND,
-            f"no published artifact {key[:16]}... in {store.root}; build or prewarm it first",
-            key=key,
-        )
-        raise HostWeightError(problem)
-    with local.lease as lease:
-        manifest = lease.manifest
-        artifact_dir = Path(lease.provenance.artifact_dir)
-        manifest_bytes = read_small_file(artifact_dir / MANIFEST_FILE_NAME, MAX_MANIFEST_BYTES)
-        if manifest_bytes != manifest.to_bytes():  # pragma: no cover - FULL_CHECKSUM read these very bytes
+    location.check_target(for_write=True)  # a mistyped folder or a missing bucket, before anything is written
+    present = _already_present(store, reader, key, started)
+    if present is not None:
+        return present
+    # The full re-hash (FULL_CHECKSUM, whose lease then keeps the artifact in place) runs on a thread
+    # beside the upload; the descriptor is written only once it agreed with the very manifest uploaded.
+    with _FullVerification(store, identity, deadline) as verification:
+        artifact_dir = store.layout.artifact_dir(key)
+        try:
+            manifest_bytes = read_small_file(artifact_dir / MANIFEST_FILE_NAME, MAX_MANIFEST_BYTES)
+            manifest = WeightManifest.from_bytes(manifest_bytes)
+        except (OSError, ValueError):
+            verification.result(None)  # raises the lookup's own failure (NOT_FOUND, invalid, denied)
             raise HostWeightError(
-                failure(ResolutionStage.REMOTE, FailureCode.MANIFEST_INVALID, "the local manifest changed", key=key)
-            )
+                failure(
+                    ResolutionStage.REMOTE,
+                    FailureCode.NOT_FOUND,
+                    f"no published artifact {key[:16]}... in {store.root}; build or prewarm it first",
+                    key=key,
+                )
+            ) from None
         record = RemoteDescriptorRecord(
             identity=identity,
             manifest_sha256=manifest_sha256(manifest_bytes),
@@ -220,6 +228,7 @@ def push_artifact(
                 )
             )
         if existing is not None and _complete(reader, key):
+            name = index_artifact_name(location, manifest)
             return PushResult(
                 key,
                 location.name,
@@ -229,8 +238,17 @@ def push_artifact(
                 record.manifest_sha256,
                 record.content_sha256,
                 time.monotonic() - started,
+                None if name is None else str(name),
             )
-        _upload(location, key, record, artifact_dir, manifest_bytes)
+        _upload(
+            location,
+            key,
+            record,
+            artifact_dir,
+            manifest_bytes,
+            before_descriptor=lambda: verification.result(manifest_bytes),
+        )
+        name = index_artifact_name(location, manifest)  # after the descriptor: a name never points at nothing
     return PushResult(
         key,
         location.name,
@@ -240,6 +258,7 @@ def push_artifact(
         record.manifest_sha256,
         record.content_sha256,
         time.monotonic() - started,
+        None if name is None else str(name),
     )
 
 
@@ -284,6 +303,39 @@ def push_in_background(
     return thread
 
 
+def _already_present(
+    store: FilesystemHostWeightStore, reader: FsspecArtifactProvider, key: str, started: float
+) -> PushResult | None:
+    """ALREADY_PRESENT without re-hashing the local copy, when the remote's complete copy has our manifest's digest.
+
+    Nothing is uploaded in that case, so the local bytes need no verification; any other
+    state (no local manifest, no remote copy, a different or damaged one) takes the full path.
+    """
+    try:
+        manifest_bytes = read_small_file(store.layout.artifact_dir(key) / MANIFEST_FILE_NAME, MAX_MANIFEST_BYTES)
+        manifest = WeightManifest.from_bytes(manifest_bytes)
+    except (OSError, ValueError):
+        return None
+    read = reader.read_descriptor(key)
+    if read is None or read[0].manifest_sha256 != manifest_sha256(manifest_bytes):
+        return None
+    record = read[0]
+    if record.content_sha256 != manifest.content_digest or not _complete(reader, key):
+        return None
+    name = index_artifact_name(reader.location, manifest)
+    return PushResult(
+        key,
+        reader.location.name,
+        PushStatus.ALREADY_PRESENT,
+        0,
+        record.total_bytes,
+        record.manifest_sha256,
+        record.content_sha256,
+        time.monotonic() - started,
+        None if name is None else str(name),
+    )
+
+
 def _existing(reader: FsspecArtifactProvider, key: str) -> RemoteDescriptorRecord | None:
     """The remote's descriptor for `key`; an unreadable one is refused rather than overwritten."""
     read = reader.read_descriptor(key)
@@ -308,13 +360,91 @@ def _complete(reader: FsspecArtifactProvider, key: str) -> bool:
     return True
 
 
+class _FullVerification:
+    """FULL_CHECKSUM of the local artifact on a thread, while the upload runs: every byte re-hashed, as before.
+
+    Its lease is held until the block ends, so the artifact cannot be removed while the
+    descriptor is written. A mismatch denies the local copy (as any FULL_CHECKSUM lookup
+    does) and the push fails before its descriptor, removing what it uploaded.
+    """
+
+    def __init__(self, store: FilesystemHostWeightStore, identity: WeightArtifactIdentity, deadline: float | None):
+        self._store = store
+        self._identity = identity
+        self._deadline = deadline
+        self._outcome: StoreResult | None = None
+        self._problem: HostWeightFailure | None = None
+        self._thread = threading.Thread(target=self._run, name=f"hwr-push-verify-{identity.key[:12]}", daemon=True)
+
+    def __enter__(self) -> _FullVerification:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._thread.join()
+        if self._outcome is not None and self._outcome.lease is not None:
+            self._outcome.lease.close()
+
+    def _run(self) -> None:
+        try:
+            self._outcome = self._store.lookup(
+                self._identity, validation=ValidationLevel.FULL_CHECKSUM, deadline=self._deadline
+            )
+        except HostWeightError as exc:
+            self._problem = exc.failure
+        except Exception as exc:  # recorded and raised by result(): never lost on this thread
+            self._problem = failure(
+                ResolutionStage.REMOTE,
+                FailureCode.REMOTE_FAILED,
+                f"verifying {self._identity.key[:16]}... before the push failed with {type(exc).__name__}",
+                key=self._identity.key,
+                exception=type(exc).__name__,
+            )
+
+    def result(self, manifest_bytes: bytes | None) -> None:
+        """Wait for the verification; raise unless it leased the artifact whose manifest is `manifest_bytes`."""
+        self._thread.join()
+        key = self._identity.key
+        if self._problem is not None:
+            raise HostWeightError(self._problem)
+        assert self._outcome is not None
+        lease = self._outcome.lease
+        if lease is None:
+            raise HostWeightError(
+                self._outcome.failure
+                or failure(
+                    ResolutionStage.REMOTE,
+                    FailureCode.NOT_FOUND,
+                    f"no published artifact {key[:16]}... in {self._store.root}; build or prewarm it first",
+                    key=key,
+                )
+            )
+        if manifest_bytes is not None and lease.manifest.to_bytes() != manifest_bytes:
+            raise HostWeightError(
+                failure(
+                    ResolutionStage.REMOTE,
+                    FailureCode.MANIFEST_INVALID,
+                    f"the local artifact {key[:16]}... was replaced while it was pushed; push it again",
+                    key=key,
+                )
+            )
+
+
 def _upload(
-    location: RemoteLocation, key: str, record: RemoteDescriptorRecord, artifact_dir: Path, manifest_bytes: bytes
+    location: RemoteLocation,
+    key: str,
+    record: RemoteDescriptorRecord,
+    artifact_dir: Path,
+    manifest_bytes: bytes,
+    *,
+    before_descriptor: Callable[[], None] = lambda: None,
 ) -> None:
     """Upload in the order that keeps readers safe: no descriptor while anything changes, descriptor last.
 
     A damaged copy's descriptor and a dead upload's leftovers go first, then payloads and
-    manifest, whose remote sizes are checked before the descriptor is written.
+    manifest, whose remote sizes are checked before the descriptor is written. When
+    `before_descriptor` raises (the local copy failed its full re-hash), what this upload
+    wrote is removed again and nothing becomes visible.
     """
     expected = record.expected_objects()
     if location.size_of(f"{key}/{DESCRIPTOR_FILE_NAME}") is not None:
@@ -343,6 +473,13 @@ def _upload(
                 key=key,
                 object=name,
             )
+    try:
+        before_descriptor()
+    except HostWeightError:
+        for name in sorted(expected):
+            location.remove_if_present(f"{key}/{name}")
+        location.remove_empty_folder(key)
+        raise
     location.write(f"{key}/{DESCRIPTOR_FILE_NAME}", record.to_bytes())
 
 
@@ -364,6 +501,7 @@ def list_remote(
                 provider_id=location.name,
             )
         )
+    location.check_target(for_write=False)  # a mistyped URL is an error, not an empty remote
     listings: list[RemoteArtifactListing] = []
     for entry in location.list_folder("") or ():
         if not entry.is_dir or not _is_key(entry.name):

@@ -137,6 +137,16 @@ def goals(data: dict[str, JsonValue]) -> list[JsonValue]:
         ratio_value = entry.get("import_vs_plain_copy") if isinstance(entry, dict) else None
         measured_ratio = ratio_value if isinstance(ratio_value, float) else None
         goal(f"remote import throughput / plain fsspec copy ({label})", measured_ratio, 0.8)
+        fleet = entry.get("fleet") if isinstance(entry, dict) else None
+        push = fleet.get("push_vs_plain_upload") if isinstance(fleet, dict) else None
+        goal(f"hwr push throughput / plain fsspec upload ({label})", push if isinstance(push, float) else None, 0.8)
+        node_b = fleet.get("node_b_vs_plain_copy") if isinstance(fleet, dict) else None
+        goal(
+            f"node B time to ready / plain fsspec copy ({label})",
+            node_b if isinstance(node_b, float) else None,
+            1.3,
+            False,
+        )
     tensor_parallel = data.get("tensor_parallel")
     sizes = tensor_parallel.get("sizes") if isinstance(tensor_parallel, dict) else None
     for size, entry in sizes.items() if isinstance(sizes, dict) else ():

@@ -31,6 +31,7 @@ from host_weight_runtime import (
 )
 
 from ..common import JsonValue, remove_tree
+from .fleet import measure_fleet
 from .names import REMOTE_FILE, REMOTE_S3
 from .stats import Stats
 
@@ -59,6 +60,7 @@ class RemoteSetup:
 
     targets: tuple[RemoteTarget, ...]
     unavailable: dict[str, str]
+    source: FilesystemHostWeightStore | None = None  # node A's domain, which push rows push from
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
@@ -138,7 +140,7 @@ def remote_targets(
             targets.append(RemoteTarget(REMOTE_S3, "s3", s3_url, options, _timed_push(store, key, s3_url, options)))
         else:
             unavailable[REMOTE_S3] = reason
-        yield RemoteSetup(tuple(targets), unavailable)
+        yield RemoteSetup(tuple(targets), unavailable, store)
 
 
 def _import_once(
@@ -166,7 +168,11 @@ def _copy_once(fs: Any, sources: list[str], copy_dir: Path) -> Callable[[], None
 
 
 def _measure_target(
-    target: RemoteTarget, identity: WeightArtifactIdentity, workdir: Path, runs: int
+    target: RemoteTarget,
+    identity: WeightArtifactIdentity,
+    workdir: Path,
+    runs: int,
+    source: FilesystemHostWeightStore | None = None,
 ) -> dict[str, JsonValue]:
     import fsspec.core
 
@@ -192,20 +198,25 @@ def _measure_target(
             remove_tree(domain)
             remove_tree(copy_dir)
     imported, copied = Stats.of(import_s), Stats.of(copy_s)
+    fleet: dict[str, JsonValue] | None = None
+    if source is not None:
+        fleet = measure_fleet(source, identity, target.url, target.storage_options, workdir=workdir, runs=runs)
     return {
         "kind": target.kind,
         "object_bytes": total,
         "import_s": imported.to_dict(),
         "plain_copy_s": copied.to_dict(),
         "import_vs_plain_copy": None if imported.median <= 0 else copied.median / imported.median,
+        "fleet": fleet,
     }
 
 
 def measure_remote_throughput(
     setup: RemoteSetup, identity: WeightArtifactIdentity, workdir: Path, runs: int
 ) -> dict[str, JsonValue]:
-    """Per remote: import into an empty domain vs a plain fsspec copy of the same objects, alternating first."""
-    return {target.row: _measure_target(target, identity, workdir, runs) for target in setup.targets}
+    """Per remote: import into an empty domain vs a plain fsspec copy of the same objects, alternating first;
+    with node A's domain known, also push vs plain upload and node B's time to ready (`fleet.py`)."""
+    return {target.row: _measure_target(target, identity, workdir, runs, setup.source) for target in setup.targets}
 
 
 def _timed(action: Callable[[], None]) -> float:

@@ -1,0 +1,232 @@
+"""A remote's name index: which artifact key a model name maps to, so a node without the checkpoint can pull it.
+
+A node that never downloaded a model cannot compute its key (the key follows the
+checkpoint's content). `push` therefore records, next to the artifacts, one small object
+per name a published artifact was built from::
+
+    <url>/names/<org>/<repo>/<revision>/<component>/<variant>/<dtype>.json
+         component: the checkpoint subfolder ("-" for the repo root); variant: "-" for none
+
+holding the key and the identity's representation (`NameIndexEntry`). Names come from the
+artifact's manifest (`format_metadata.built_from`: the repo id and the commit a Hugging Face
+cache snapshot resolved to); an artifact built from a local folder has no name and is not
+indexed.
+
+Trust. Like a registry's tag -> digest, the index is the one thing a pulling node takes on
+the remote's word: whoever can write the remote decides which key a name means. Everything
+after that is verified as for any import (the descriptor's identity must carry that key, every
+byte must hash to the manifest). Pinned revisions (40-hex commit hashes) are the default so a
+name means one checkpoint; a name lookup is only ever used where no checkpoint is present (a
+present checkpoint always computes its own key), and the entry is rewritten by the latest push.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..canonical_json import CanonicalJson, JsonValue
+from ..failures import usage_error
+
+__all__ = [
+    "NAME_INDEX_FOLDER",
+    "ArtifactName",
+    "NameIndexEntry",
+    "is_pinned_revision",
+    "name_of_manifest_metadata",
+]
+
+NAME_INDEX_FOLDER = "names"
+_ENTRY_SCHEMA = "hwr-name-index-v1"
+_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+_SUBFOLDER_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,95}")
+_PINNED = re.compile(r"[0-9a-f]{40}")
+_DTYPE = re.compile(r"[a-z0-9_]{2,32}")
+_NONE = "-"
+
+
+def is_pinned_revision(revision: str) -> bool:
+    """A commit hash (40 lowercase hex digits): the only revision that names one checkpoint for good."""
+    return bool(_PINNED.fullmatch(revision))
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactName:
+    """What a person calls an artifact: repo id, revision, component subfolder, variant and dtype."""
+
+    repo_id: str
+    revision: str
+    component: str | None = None
+    variant: str | None = None
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        parts = self.repo_id.split("/") if type(self.repo_id) is str else []
+        if len(parts) != 2 or not all(_PART.fullmatch(part) for part in parts):
+            raise usage_error(f"a repo id looks like org/name (letters, digits, . _ -), got {self.repo_id!r:.80}")
+        if type(self.revision) is not str or not _PART.fullmatch(self.revision):
+            raise usage_error(f"a revision is a branch, tag or 40-hex commit hash, got {self.revision!r:.80}")
+        if self.component is not None and (
+            type(self.component) is not str
+            or not all(_SUBFOLDER_PART.fullmatch(part) for part in self.component.split("/"))
+        ):
+            raise usage_error(f"a subfolder is a relative folder name such as transformer, got {self.component!r:.80}")
+        if self.variant is not None and (type(self.variant) is not str or not _PART.fullmatch(self.variant)):
+            raise usage_error(f"a variant is a short name such as fp16, got {self.variant!r:.80}")
+        dtype = self.dtype.removeprefix("torch.") if type(self.dtype) is str else ""
+        if not _DTYPE.fullmatch(dtype):
+            raise usage_error(f"a dtype is a torch dtype name such as bfloat16, got {self.dtype!r:.80}")
+        object.__setattr__(self, "dtype", dtype)
+
+    @property
+    def pinned(self) -> bool:
+        return is_pinned_revision(self.revision)
+
+    def object_path(self) -> str:
+        """The index object's path relative to the remote root."""
+        component = (self.component or _NONE).replace("/", "--")
+        return "/".join(
+            [NAME_INDEX_FOLDER, self.repo_id, self.revision, component, self.variant or _NONE, f"{self.dtype}.json"]
+        )
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            "repo_id": self.repo_id,
+            "revision": self.revision,
+            "component": self.component,
+            "variant": self.variant,
+            "dtype": self.dtype,
+        }
+
+    def __str__(self) -> str:
+        text = f"{self.repo_id}@{self.revision}"
+        if self.component:
+            text += f" {self.component}"
+        if self.variant:
+            text += f" variant {self.variant}"
+        return f"{text} {self.dtype}"
+
+
+@dataclass(frozen=True, slots=True)
+class NameIndexEntry:
+    """One index object: the name, the key it maps to, and what the key's artifact is (for people)."""
+
+    name: ArtifactName
+    key: str
+    representation: str
+    content_sha256: str
+    uploaded_at_ns: int
+
+    def to_bytes(self) -> bytes:
+        return CanonicalJson.from_value(
+            {
+                "schema": _ENTRY_SCHEMA,
+                "name": self.name.to_dict(),
+                "key": self.key,
+                "representation": self.representation,
+                "content_sha256": self.content_sha256,
+                "uploaded_at_ns": self.uploaded_at_ns,
+            }
+        ).data
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> NameIndexEntry:
+        """Parse an index object; raise ValueError for anything but this exact schema."""
+        value = CanonicalJson(bytes(data)).to_value()
+        if not isinstance(value, dict) or value.get("schema") != _ENTRY_SCHEMA:
+            raise ValueError(f"not a {_ENTRY_SCHEMA} object")
+        if set(value) != {"schema", "name", "key", "representation", "content_sha256", "uploaded_at_ns"}:
+            raise ValueError("unexpected or missing fields")
+        name, key, representation = value["name"], value["key"], value["representation"]
+        content, uploaded = value["content_sha256"], value["uploaded_at_ns"]
+        if not isinstance(name, dict) or set(name) != {"repo_id", "revision", "component", "variant", "dtype"}:
+            raise ValueError("a malformed name")
+        if type(key) is not str or not re.fullmatch(r"[0-9a-f]{64}", key):
+            raise ValueError("the key is not 64 lowercase hex digits")
+        if type(representation) is not str or type(content) is not str or type(uploaded) is not int:
+            raise ValueError("mistyped fields")
+        parsed = ArtifactName(
+            repo_id=str(name["repo_id"]),
+            revision=str(name["revision"]),
+            component=None if name["component"] is None else str(name["component"]),
+            variant=None if name["variant"] is None else str(name["variant"]),
+            dtype=str(name["dtype"]),
+        )
+        return cls(parsed, key, representation, content, uploaded)
+
+
+# diffusers' weight file names: `<base>[.<variant>][-00001-of-00002].safetensors` (or .bin).
+_WEIGHT_FILE = re.compile(
+    r"(?:diffusion_pytorch_model|model|pytorch_model)(?:\.(?P<variant>[A-Za-z0-9_]+))?(?:-\d{5}-of-\d{5})?"
+    r"\.(?:safetensors|bin)"
+)
+
+
+def _file_names(source_metadata: JsonValue) -> list[str] | None:
+    """The weight file names an identity's source metadata lists, or None when it lists them in another shape."""
+    sources = source_metadata.get("sources") if isinstance(source_metadata, dict) else None
+    if not isinstance(sources, list):
+        return None
+    names: list[str] = []
+    for source in sources:
+        files = source.get("files") if isinstance(source, dict) else None
+        if not isinstance(files, list):
+            return None
+        for entry in files:
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if type(name) is not str:
+                return None
+            names.append(name)
+    return names
+
+
+def _variant_of(source_metadata: JsonValue) -> tuple[bool, str | None]:
+    """(known, variant): the weights variant the source files spell (None: the default files). Not known when
+    they do not say one variant unambiguously; then the artifact gets no name rather than a wrong one."""
+    names = _file_names(source_metadata)
+    if not names:
+        return False, None
+    variants: set[str | None] = set()
+    for name in names:
+        match = _WEIGHT_FILE.fullmatch(name.rsplit("/", 1)[-1])
+        if match is None:
+            return False, None
+        variants.add(match.group("variant"))
+    if len(variants) != 1:
+        return False, None
+    return True, variants.pop()
+
+
+def name_of_manifest_metadata(
+    format_metadata: JsonValue, dtype: str, source_metadata: JsonValue = None
+) -> ArtifactName | None:
+    """The name an artifact was built from, when its manifest says it came from one pinned hub snapshot.
+
+    The variant comes from the source file names the identity lists (`*.fp16.safetensors`); files
+    that do not say one variant unambiguously leave the artifact unnamed.
+    """
+    built_from = format_metadata.get("built_from") if isinstance(format_metadata, dict) else None
+    if not isinstance(built_from, dict):
+        return None
+    repo_id = built_from.get("model_id")
+    sources = built_from.get("sources")
+    if type(repo_id) is not str or not isinstance(sources, list) or not sources:
+        return None
+    revisions = {source.get("revision") for source in sources if isinstance(source, dict)}
+    subfolders = {source.get("subfolder") for source in sources if isinstance(source, dict)}
+    if len(revisions) != 1 or len(subfolders) != 1:
+        return None
+    [revision], [subfolder] = revisions, subfolders
+    known, variant = _variant_of(source_metadata)
+    if type(revision) is not str or not is_pinned_revision(revision) or not known:
+        return None
+    try:
+        return ArtifactName(
+            repo_id=repo_id,
+            revision=revision,
+            component=subfolder if type(subfolder) is str else None,
+            variant=variant,
+            dtype=dtype,
+        )
+    except ValueError:
+        return None
