@@ -21,12 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import diffusers
+import diffusers as _diffusers
 import torch
-import transformers
+import transformers as _transformers
 from diffusers.models.modeling_utils import no_init_weights
 
 from .synthetic_models import build_model, fill_seeded
+
+# Both libraries are typed loosely (untyped constructors, lazy module attributes).
+diffusers: Any = _diffusers
+transformers: Any = _transformers
 
 __all__ = [
     "PIPELINE_KINDS",
