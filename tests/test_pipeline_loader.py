@@ -74,16 +74,16 @@ def test_cold_and_warm_images_equal_canonical(
     cold = three_workers["cold"]["reports"][name]
     warm = three_workers["warm"]["reports"][name]
     assert cold["class"] == warm["class"] == index["_class_name"]
+    expected = load_image(three_workers["canonical"]["out"], name)
+    assert expected.dtype in (torch.float32, torch.bfloat16, torch.float16) and expected.std() > 0
+    for run in ("cold", "warm"):
+        assert torch.equal(load_image(three_workers[run]["out"], name), expected), f"{name} {run}"
     weighted = {component for component, handling in cold["handling"].items() if handling not in NOT_WEIGHTED}
     assert weighted and set(cold["outcomes"]) == weighted, cold["handling"]
     assert set(cold["outcomes"].values()) == {ResolutionOutcome.CANONICAL_FALLBACK.value}
     assert set(cold["publications"].values()) == {"published"}
     assert set(warm["outcomes"].values()) == {ResolutionOutcome.LOCAL_HIT.value}
     assert warm["keys"] == cold["keys"]
-    expected = load_image(three_workers["canonical"]["out"], name)
-    assert expected.dtype in (torch.float32, torch.bfloat16, torch.float16) and expected.std() > 0
-    for run in ("cold", "warm"):
-        assert torch.equal(load_image(three_workers[run]["out"], name), expected), f"{name} {run}"
 
 
 def test_tokenizers_and_schedulers_load_as_diffusers_loads_them(

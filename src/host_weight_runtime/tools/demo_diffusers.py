@@ -320,6 +320,7 @@ def child_main(path: str, pipeline_folder: Path, root: Path, reference: Path, re
         pipeline = loaded.pipeline
     touched = _touch_pipeline(pipeline)
     ready_ms = (time.perf_counter() - started) * 1000.0
+    pipeline.set_progress_bar_config(disable=True)
     try:
         _send({"event": "ready"})
         _expect("measure")
@@ -353,7 +354,7 @@ def child_main(path: str, pipeline_folder: Path, root: Path, reference: Path, re
             parity=parity,
             max_abs_diff=max_abs_diff,
             failure=next((text for text in map(_failure_text, served.values()) if text is not None), None),
-            components={name: component.outcome.value for name, component in served.items()},
+            components=_component_outcomes(loaded),
         )
         _send({"event": "row", "row": row.to_dict()})
         _expect("release")
@@ -361,6 +362,17 @@ def child_main(path: str, pipeline_folder: Path, root: Path, reference: Path, re
         if loaded is not None:
             loaded.close()
     return 0
+
+
+def _component_outcomes(loaded: LoadedPipeline | None) -> dict[str, str]:
+    """Each weighted component's outcome, or why diffusers loaded it itself."""
+    if loaded is None:
+        return {}
+    outcomes = {name: component.outcome.value for name, component in loaded.components.items()}
+    for record in loaded.records:
+        if record.handling.value == "canonical":
+            outcomes[record.name] = f"canonical ({record.reason})"
+    return outcomes
 
 
 def _failure_text(loaded: LoadedComponent) -> str | None:
@@ -425,6 +437,7 @@ def run_demo(
         pipeline = workdir / "pipeline"
         reference = workdir / _REFERENCE_FILE
         started = time.perf_counter()
+        _quiet_diffusers()
         save_proportional_flux_pipeline(pipeline, transformer_bytes=size_mib * MIB, seed=MODEL_SEED)
         build_ms = (time.perf_counter() - started) * 1000.0
         checkpoint_bytes = _folder_bytes(pipeline)

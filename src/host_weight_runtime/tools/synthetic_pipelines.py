@@ -426,6 +426,7 @@ def save_proportional_flux_pipeline(root: Path, *, transformer_bytes: int, seed:
     layers = max(1, round((transformer_bytes / 2.5 - base) / per_layer))
     components = _flux(seed)
     components["transformer"] = build_model("flux", seed=seed, config_overrides=config)
+    components["vae"] = _vae(seed + 1, int(config["in_channels"]) // 4, shift=0.1)  # Flux packs 2x2 latents
     components["text_encoder"] = _clip(seed + 2, int(config["pooled_projection_dim"]))
     components["text_encoder_2"] = _seeded(transformers.T5EncoderModel(_t5_config(d_model, layers)), seed + 3)
     diffusers.FluxPipeline(**components).save_pretrained(str(root), safe_serialization=True)
