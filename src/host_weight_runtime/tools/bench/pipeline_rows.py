@@ -215,7 +215,9 @@ def _solo(setup: _Setup, row: str, runs: int) -> list[dict[str, Any]]:
         try:
             worker.read("imported")
             worker.say("go")
-            results.append(worker.read("ready"))
+            event = worker.read("ready")
+            pss = memory_rollup(worker.process.pid)[1]
+            results.append({**event, "pss_bytes": pss, "weights_pss_bytes": pss - event["baseline_pss_bytes"]})
         finally:
             worker.close()
     return results
@@ -284,7 +286,13 @@ def measure_pipeline_rows(
                     "outcomes": results[0]["outcomes"],
                     "weight_bytes": int(results[0]["weight_bytes"]),
                 }
-                memory[row] = _group(setup, row, workers)
+                if workers == 1:  # a group of one is a solo run: its PSS was read while it held the pipeline
+                    memory[row] = {
+                        "pss_sum_bytes": float(results[0]["pss_bytes"]),
+                        "weights_pss_sum_bytes": float(results[0]["weights_pss_bytes"]),
+                    }
+                else:
+                    memory[row] = _group(setup, row, workers)
     finally:
         remove_tree(disk_dir)
         remove_tree(shm_dir)
