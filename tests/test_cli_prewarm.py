@@ -17,7 +17,7 @@ import torch
 
 from host_weight_runtime import cli
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
-from host_weight_runtime.diffusion.loader import ComponentLoadPath, load_component
+from host_weight_runtime.diffusion import ComponentLoadPath, load_component
 from host_weight_runtime.outcomes import ResolutionOutcome
 from host_weight_runtime.runtime import HostWeightRuntime
 from host_weight_runtime.tools.synthetic_models import (

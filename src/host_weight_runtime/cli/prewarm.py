@@ -14,8 +14,7 @@ from ._domain import add_root_option, runtime_config
 from ._output import EXIT_OK, add_json_option, byte_progress, print_json, seconds, size, stdout_console
 
 if TYPE_CHECKING:
-    from ..diffusion.loader import PrewarmResult
-    from ..diffusion.pipeline_loader import PipelinePrewarmResult
+    from ..diffusion import PipelinePrewarmResult, PrewarmResult
     from ..runtime import HostWeightRuntime
 
 __all__ = ["register", "run"]
@@ -42,7 +41,7 @@ def register(commands: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     """Stream the checkpoint into the domain (a bar on a terminal) and print the resolution."""
     # The application layer may use the adapters; the core never does (C08).
-    from ..diffusion.loader import prewarm_component
+    from ..diffusion import prewarm_component
     from ..runtime import HostWeightRuntime
 
     runtime = HostWeightRuntime(runtime_config(args.root))

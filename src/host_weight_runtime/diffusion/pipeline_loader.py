@@ -30,7 +30,9 @@ from ._hub_snapshot import hub_snapshot
 from ._load_options import check_load_arguments
 from ._model_index import ClassKind, IndexedComponent, ModelIndex, read_model_index
 from ._source_files import select_weight_files
-from .loader import LoadedComponent, PrewarmResult, load_component, prewarm_component
+from .loaded import LoadedComponent
+from .loader import load_component, prewarm_component
+from .reports import PrewarmResult
 
 __all__ = [
     "ComponentHandling",
