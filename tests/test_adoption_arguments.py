@@ -208,8 +208,8 @@ def test_the_token_is_never_kept_or_logged(tmp_path: Path, both: Path, caplog: p
     ("arguments", "argument", "code"),
     [
         ({"torch_dtype": "auto"}, "torch_dtype", FailureCode.UNSUPPORTED),
-        ({"torch_dtype": torch.float16}, "torch_dtype", FailureCode.UNSUPPORTED),
-        ({"dtype": "float32"}, "dtype", FailureCode.UNSUPPORTED),
+        ({"torch_dtype": torch.float64}, "torch_dtype", FailureCode.UNSUPPORTED),
+        ({"dtype": "float8_e4m3fn"}, "dtype", FailureCode.UNSUPPORTED),
         ({"device_map": "cuda"}, "device_map", FailureCode.UNSUPPORTED),
         ({"device_map": "auto"}, "device_map", FailureCode.UNSUPPORTED),
         ({"output_loading_info": True}, "output_loading_info", FailureCode.UNSUPPORTED),

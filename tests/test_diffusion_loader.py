@@ -454,11 +454,12 @@ def test_the_model_keeps_its_lease_until_close(
 # ----------------------------------------------------------------------------- argument errors
 
 
-def test_bf16_only(tmp_path: Path, pipeline: Path) -> None:
-    """D14/D06: any torch_dtype other than bfloat16 is a ValueError before anything is touched."""
+@pytest.mark.parametrize("torch_dtype", [torch.float64, torch.int8, "auto", "half"])
+def test_only_served_dtypes(tmp_path: Path, pipeline: Path, torch_dtype: object) -> None:
+    """D14/D06/P04: a torch_dtype other than BF16, FP16 or FP32 is a ValueError before anything is touched."""
     root = tmp_path / "domain"
-    with pytest.raises(ValueError, match="bfloat16"):
-        load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root), torch_dtype=torch.float16)
+    with pytest.raises(ValueError, match="serves BF16, FP16 and FP32"):
+        load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root), torch_dtype=torch_dtype)
     assert not root.exists()
 
 

@@ -18,10 +18,9 @@ import torch
 from ..failures import FailureCode, HostWeightUsageError, usage_error
 from .contracts import FinalLayoutParallelIdentity
 
-__all__ = ["LOAD_ARGUMENTS", "LoadOptions", "check_load_arguments", "check_parallel", "check_variant"]
+__all__ = ["LOAD_ARGUMENTS", "LoadOptions", "check_dtype", "check_load_arguments", "check_parallel", "check_variant"]
 
 _VARIANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
-_BF16_NAMES = frozenset({"bfloat16", "torch.bfloat16"})
 _CPU_NAMES = frozenset({"cpu"})
 
 # from_pretrained arguments that only a default value leaves harmless here: (accepted values, what to do instead).
@@ -78,6 +77,8 @@ class LoadOptions:
     variant: str | None = None
     use_safetensors: bool | None = None
     disable_mmap: bool = False
+    dtype: torch.dtype = torch.bfloat16
+    """The `torch_dtype` served: each of BF16, FP16 and FP32 is its own representation and key."""
 
 
 def _unsupported(argument: str, message: str) -> HostWeightUsageError:
@@ -99,19 +100,32 @@ def check_variant(variant: object) -> str | None:
     return variant
 
 
-def _check_dtype(torch_dtype: object, dtype: object) -> None:
-    """BF16 only, given as torch.bfloat16 or its name; `dtype` is diffusers' newer spelling of `torch_dtype`."""
-    for argument, value in (("torch_dtype", torch_dtype), ("dtype", dtype)):
-        if value is None and argument == "dtype":
-            continue
-        if value == torch.bfloat16 or (isinstance(value, str) and value in _BF16_NAMES):
-            continue
-        shown = f"{value!r}" if isinstance(value, str) else str(value)
-        raise _unsupported(
-            argument,
-            f"load_component serves the BF16 final-layout representation only; {argument}={shown} is not supported: "
-            f"pass {argument}=torch.bfloat16 (or 'bfloat16'), or load with diffusers directly",
-        )
+_DTYPE_NAMES: dict[str, torch.dtype] = {
+    name: dtype
+    for dtype in (torch.bfloat16, torch.float16, torch.float32)
+    for name in (str(dtype).removeprefix("torch."), str(dtype))
+}
+
+
+def _served_dtype(argument: str, value: object) -> torch.dtype:
+    if isinstance(value, torch.dtype) and value in _DTYPE_NAMES.values():
+        return value
+    if isinstance(value, str) and value in _DTYPE_NAMES:
+        return _DTYPE_NAMES[value]
+    shown = f"{value!r}" if isinstance(value, str) else str(value)
+    raise _unsupported(
+        argument,
+        f"load_component serves BF16, FP16 and FP32 final layouts; {argument}={shown} is not one of them: pass "
+        f"{argument}=torch.bfloat16, torch.float16 or torch.float32 (or their names), or load with diffusers directly",
+    )
+
+
+def check_dtype(torch_dtype: object, dtype: object = None) -> torch.dtype:
+    """BF16, FP16 or FP32, given as a torch dtype or its name; `dtype` (the newer spelling) wins when given."""
+    chosen = _served_dtype("torch_dtype", torch_dtype)
+    if dtype is not None:
+        chosen = _served_dtype("dtype", dtype)
+    return chosen
 
 
 def _is_cpu(device: object) -> bool:
@@ -176,7 +190,7 @@ def check_load_arguments(
             f"local model (subfolder, revision, variant, torch_dtype, cache_dir, use_safetensors, device_map='cpu', "
             f"...) plus runtime, parallel, stream_on_miss and publish_in_background",
         )
-    _check_dtype(torch_dtype, dtype)
+    served = check_dtype(torch_dtype, dtype)
     checked_variant = check_variant(variant)
     safetensors = _check_flag("use_safetensors", use_safetensors)
     _check_flag("low_cpu_mem_usage", low_cpu_mem_usage)
@@ -191,7 +205,7 @@ def check_load_arguments(
         )
     mmap_off = _check_flag("disable_mmap", disable_mmap)
     check_parallel(parallel)
-    return LoadOptions(variant=checked_variant, use_safetensors=safetensors, disable_mmap=bool(mmap_off))
+    return LoadOptions(variant=checked_variant, use_safetensors=safetensors, disable_mmap=bool(mmap_off), dtype=served)
 
 
 def check_parallel(parallel: object) -> None:

@@ -1,4 +1,4 @@
-"""Which weight files in a model folder the ordinary diffusers loader reads (single file or index shards)."""
+"""Which weight files in a model folder diffusers' or transformers' loader reads (one file or index shards)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ WEIGHT_CANDIDATES: tuple[tuple[str, bool, bool], ...] = (
     ("model.safetensors.index.json", True, True),
     ("diffusion_pytorch_model.bin", False, False),
     ("diffusion_pytorch_model.bin.index.json", True, False),
+    ("pytorch_model.bin", False, False),  # transformers' pickle checkpoints (its safetensors names are above)
+    ("pytorch_model.bin.index.json", True, False),
 )
 
 

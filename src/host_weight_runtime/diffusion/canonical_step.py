@@ -24,11 +24,15 @@ def load_canonical_for(skeleton: ComponentSkeleton, *, fp8: bool) -> torch.nn.Mo
 
 
 def load_canonical_at(
-    location: ComponentLocation, options: LoadOptions, family: ModelFamily, clock: ImportClock, *, fp8: bool
+    location: ComponentLocation, options: LoadOptions, family: ModelFamily | None, clock: ImportClock, *, fp8: bool
 ) -> torch.nn.Module:
-    """The canonical model with no skeleton built: for a load that never asks the runtime."""
+    """The canonical model with no skeleton built: for a load that never asks the runtime.
+
+    `family=None` takes the family the folder's config.json names (diffusers or transformers).
+    """
     source = checkpoint_source(location, options)
-    model = family.load_canonical(component_model_class(source, family, clock), source, location.name_or_path, options)
+    chosen, model_class = component_model_class(source, family, clock)
+    model = chosen.load_canonical(model_class, source, location.name_or_path, options)
     if fp8:
         quantize_model_fp8(model)
     return model

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,8 @@ from ..canonical_json import decode_json
 from ..failures import HostWeightError, usage_error
 from ..runtime import HostWeightRuntime
 from ._load_options import LoadOptions
+from .diffusers_family import DIFFUSERS_FAMILY
+from .family_transformers import TRANSFORMERS_FAMILY, is_transformers_config
 from .model_family import ImportClock, ModelFamily
 from .producers._checkpoint import CheckpointFormatError, read_safetensors_header
 from .source_identity import (
@@ -33,6 +35,7 @@ __all__ = [
     "ComponentLocation",
     "checkpoint_source",
     "component_model_class",
+    "family_for_config",
     "model_id",
     "needs_hashing",
     "node_digest_cache",
@@ -119,22 +122,28 @@ def read_model_config(resolved_root: Path) -> tuple[Path, dict[str, Any]]:
             config = decode_json(stream.read(_CONFIG_LIMIT_BYTES + 1), max_bytes=_CONFIG_LIMIT_BYTES)
     except (OSError, ValueError) as exc:
         raise usage_error(
-            f"cannot read {config_path}: {exc}; point load_component at a diffusers model folder "
+            f"cannot read {config_path}: {exc}; point load_component at a diffusers or transformers model folder "
             "(its config.json must be one JSON object)"
         ) from exc
     if not isinstance(config, dict):
         raise usage_error(
-            f"{config_path} holds a JSON {type(config).__name__}, not an object; it is not a diffusers model config"
+            f"{config_path} holds a JSON {type(config).__name__}, not an object; it is not a model config"
         )
     return config_path, config
 
 
+def family_for_config(config: Mapping[str, Any]) -> ModelFamily:
+    """transformers for a config with `model_type` or `architectures` and no `_class_name`; else diffusers."""
+    return TRANSFORMERS_FAMILY if is_transformers_config(config) else DIFFUSERS_FAMILY
+
+
 def component_model_class(
-    source: PreparedWeightSource, family: ModelFamily, clock: ImportClock | None = None
-) -> type[Any]:
-    """The class the component's config.json names, as its family resolves it."""
+    source: PreparedWeightSource, family: ModelFamily | None = None, clock: ImportClock | None = None
+) -> tuple[ModelFamily, type[Any]]:
+    """The component's family (given, or as its config.json says) and the class the config names in it."""
     config_path, config = read_model_config(source.resolved_root)
-    return family.model_class(config, config_path, clock)
+    chosen = family if family is not None else family_for_config(config)
+    return chosen, chosen.model_class(config, config_path, clock)
 
 
 def model_id(model_or_path: str | os.PathLike[str], source: PreparedWeightSource) -> str:

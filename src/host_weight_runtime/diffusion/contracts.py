@@ -37,6 +37,8 @@ __all__ = [
     "FinalLayoutTensorPolicy",
     "ImplementationIdentity",
     "implementation_abi_fingerprint",
+    "policy_compute_dtype",
+    "streamed_final_dtype",
 ]
 
 FINAL_LAYOUT_BF16_REPRESENTATION = "final-layout-bf16"
@@ -243,6 +245,27 @@ class FinalLayoutArtifactSpec:
             )
 
 
+def refuse_unsupported_request(policy_name: str, request: FinalLayoutRequest) -> None:
+    """The refusals every dtype final layout shares: a typed UNSUPPORTED error naming what it cannot express (D06)."""
+    parallel = request.parallel
+    refusals: list[tuple[bool, str]] = [
+        (request.load_format != "default", f"load_format {request.load_format!r} (only 'default')"),
+        (parallel.pipeline_parallel_size > 1, "pipeline parallelism"),
+        (parallel.cfg_parallel_size > 1, "CFG parallelism"),
+        (parallel.use_hsdp, "HSDP"),
+        (parallel.enable_expert_parallel, "expert parallelism"),
+        (request.adaptation.kind != BASE_ADAPTATION, f"adaptation {request.adaptation.kind!r} (LoRA/merged)"),
+    ]
+    for refused, what in refusals:
+        if refused:
+            raise _configuration_error(
+                f"the {policy_name} final-layout representation does not support {what}; "
+                "load this model through the ordinary path",
+                policy=policy_name,
+                refused=what,
+            )
+
+
 ModelValidator = Callable[[torch.nn.Module], None]
 
 
@@ -300,6 +323,28 @@ class FinalLayoutTensorPolicy(Protocol):
     def to_dict(self) -> dict[str, JsonValue]: ...
 
 
+def policy_compute_dtype(policy: FinalLayoutTensorPolicy) -> torch.dtype:
+    """The dtype the caller asked for (`torch_dtype`), which the model's contract validates; BF16 by default."""
+    dtype = getattr(policy, "compute_dtype", torch.bfloat16)
+    return dtype if isinstance(dtype, torch.dtype) else torch.bfloat16
+
+
+def streamed_final_dtype(
+    policy: FinalLayoutTensorPolicy,
+    local_name: str,
+    checkpoint_dtype: torch.dtype,
+    built_dtype: torch.dtype,
+    keep_in_fp32_modules: Sequence[str],
+) -> torch.dtype:
+    """The final dtype of a tensor streamed from the checkpoint; a policy may decide it from the skeleton's dtype."""
+    decide = getattr(policy, "final_dtype_from_checkpoint", None)
+    if decide is None:
+        return policy.final_dtype(local_name, checkpoint_dtype, keep_in_fp32_modules)
+    decided = decide(local_name, checkpoint_dtype, built_dtype, keep_in_fp32_modules)
+    assert isinstance(decided, torch.dtype)
+    return decided
+
+
 def keeps_fp32(local_name: str, keep_in_fp32_modules: Sequence[str]) -> bool:
     """diffusers' rule: a tensor stays FP32 when a kept module name is one of its dotted components."""
     components = local_name.split(".")
@@ -343,25 +388,22 @@ class FinalLayoutBF16Policy:
             return torch.float32
         return torch.bfloat16
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return torch.bfloat16
+
+    def final_dtype_from_checkpoint(
+        self,
+        local_name: str,
+        checkpoint_dtype: torch.dtype,
+        built_dtype: torch.dtype,
+        keep_in_fp32_modules: Sequence[str],
+    ) -> torch.dtype:
+        return self.final_dtype(local_name, checkpoint_dtype, keep_in_fp32_modules)
+
     def check_request(self, request: FinalLayoutRequest) -> None:
         """Refuse semantics this representation cannot express, with a typed UNSUPPORTED error (D06)."""
-        parallel = request.parallel
-        refusals: list[tuple[bool, str]] = [
-            (request.load_format != "default", f"load_format {request.load_format!r} (only 'default')"),
-            (parallel.pipeline_parallel_size > 1, "pipeline parallelism"),
-            (parallel.cfg_parallel_size > 1, "CFG parallelism"),
-            (parallel.use_hsdp, "HSDP"),
-            (parallel.enable_expert_parallel, "expert parallelism"),
-            (request.adaptation.kind != BASE_ADAPTATION, f"adaptation {request.adaptation.kind!r} (LoRA/merged)"),
-        ]
-        for refused, what in refusals:
-            if refused:
-                raise _configuration_error(
-                    f"the {self.name} final-layout representation does not support {what}; "
-                    "load this model through the ordinary path",
-                    policy=self.name,
-                    refused=what,
-                )
+        refuse_unsupported_request(self.name, request)
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {"name": self.name, "dtype": str(torch.bfloat16), "preserved": str(torch.float32)}

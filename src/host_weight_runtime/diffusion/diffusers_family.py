@@ -13,6 +13,7 @@ import torch
 
 from ..failures import FailureCode, HostWeightError, ResolutionStage, raise_failure, usage_error
 from ._load_options import LoadOptions
+from .dtype_policies import ModelFamilyName
 from .model_family import ImportClock, default_dtype
 from .models import is_diffusers_model
 from .source_identity import PreparedWeightSource
@@ -26,7 +27,9 @@ _UP_FRONT_MODULES = ("accelerate", "diffusers", "diffusers.models.modeling_utils
 _MAX_LISTED = 5
 
 
-def build_skeleton(model_class: type[Any], resolved_root: Path, name_or_path: str) -> torch.nn.Module:
+def build_skeleton(
+    model_class: type[Any], resolved_root: Path, name_or_path: str, dtype: torch.dtype = torch.bfloat16
+) -> torch.nn.Module:
     """The model built the way diffusers' from_pretrained builds it, with parameters left on `meta`.
 
     Non-persistent buffers are computed for real (they are not in the artifact), under the
@@ -37,7 +40,7 @@ def build_skeleton(model_class: type[Any], resolved_root: Path, name_or_path: st
 
     try:
         config = model_class.load_config(str(resolved_root))
-        with default_dtype(torch.bfloat16), no_init_weights(), accelerate.init_empty_weights():
+        with default_dtype(dtype), no_init_weights(), accelerate.init_empty_weights():
             model = model_class.from_config(config)
     except BROKEN_CONFIG_ERRORS as exc:
         raise usage_error(
@@ -69,6 +72,10 @@ class DiffusersFamily:
 
     __slots__ = ()
 
+    @property
+    def family_name(self) -> ModelFamilyName:
+        return ModelFamilyName.DIFFUSERS
+
     def import_up_front(self, clock: ImportClock) -> None:
         if all(name in sys.modules for name in _UP_FRONT_MODULES):
             return
@@ -80,7 +87,10 @@ class DiffusersFamily:
         """The diffusers class named by `_class_name`, as diffusers resolves it (its module imports on `clock`)."""
         class_name = config.get("_class_name")
         if not isinstance(class_name, str) or not class_name:
-            raise usage_error(f"{config_path} has no _class_name; it is not a diffusers model config")
+            raise usage_error(
+                f"{config_path} has no _class_name (diffusers) and no model_type or architectures (transformers); "
+                "it is not a model config"
+            )
         if not class_name.isidentifier():
             raise usage_error(f"{config_path} names {class_name!r}, which is not a diffusers model class")
         import diffusers
@@ -96,8 +106,16 @@ class DiffusersFamily:
     def model_config(self, model_class: type[Any], resolved_root: Path) -> dict[str, Any]:
         return dict(model_class.load_config(str(resolved_root)))
 
-    def build_skeleton(self, model_class: type[Any], resolved_root: Path, name_or_path: str) -> torch.nn.Module:
-        return build_skeleton(model_class, resolved_root, name_or_path)
+    def build_skeleton(
+        self, model_class: type[Any], resolved_root: Path, name_or_path: str, dtype: torch.dtype = torch.bfloat16
+    ) -> torch.nn.Module:
+        return build_skeleton(model_class, resolved_root, name_or_path, dtype)
+
+    def checkpoint_bindings(
+        self, model: torch.nn.Module, source: PreparedWeightSource
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """diffusers reads every tensor under its own name and declares no ties."""
+        return {}, {}
 
     def library_versions(self) -> dict[str, str]:
         import diffusers
@@ -107,7 +125,7 @@ class DiffusersFamily:
     def load_canonical(
         self, model_class: type[Any], source: PreparedWeightSource, name_or_path: str, options: LoadOptions
     ) -> torch.nn.Module:
-        """from_pretrained(torch_dtype=torch.bfloat16), from local files only.
+        """from_pretrained(torch_dtype=options.dtype), from local files only.
 
         What diffusers raises about the folder (a checkpoint that does not match config.json, an unreadable
         file) leaves typed: a HostWeightUsageError, or CANONICAL_SOURCE_FAILED for an OS error.
@@ -115,7 +133,7 @@ class DiffusersFamily:
         try:
             model = model_class.from_pretrained(
                 str(source.resolved_root),
-                torch_dtype=torch.bfloat16,
+                torch_dtype=options.dtype,
                 use_safetensors=source.use_safetensors,
                 variant=options.variant,
                 disable_mmap=options.disable_mmap,

@@ -218,6 +218,19 @@ class FinalLayoutFP8Policy:
             return torch.float32
         return FINAL_LAYOUT_BF16_POLICY.final_dtype(local_name, dtype, keep_in_fp32_modules)
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return torch.bfloat16
+
+    def final_dtype_from_checkpoint(
+        self,
+        local_name: str,
+        checkpoint_dtype: torch.dtype,
+        built_dtype: torch.dtype,
+        keep_in_fp32_modules: Sequence[str],
+    ) -> torch.dtype:
+        return self.final_dtype(local_name, checkpoint_dtype, keep_in_fp32_modules)
+
     def check_request(self, request: FinalLayoutRequest) -> None:
         FINAL_LAYOUT_BF16_POLICY.check_request(request)
 

@@ -29,6 +29,7 @@ from .contracts import (
     FinalLayoutParallelIdentity,
     FinalLayoutRequest,
     FinalLayoutTensorPolicy,
+    policy_compute_dtype,
 )
 from .models import contract_for_model
 from .parallel.plan import TensorParallelPlan, TensorShard
@@ -63,6 +64,8 @@ class FinalLayoutIdentityContext:
     tensor_sources: Mapping[str, tuple[int, str]]
     tensor_shards: Mapping[str, TensorShard] = field(default_factory=dict)
     """Final-layout name -> this rank's shard, for tensors a tensor-parallel plan splits (empty at TP=1)."""
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    """Final-layout name -> the owned name it is tied to, as the model's tied-weights mechanism declares (keyed)."""
 
     def ensure_sources_unchanged(self) -> None:
         """Raise CANONICAL_SOURCE_FAILED when a source file changed since the identity was built."""
@@ -94,9 +97,10 @@ class FinalLayoutIdentityContext:
 def discover_final_layout(
     dit_modules: Sequence[tuple[str, torch.nn.Module]],
     policy: FinalLayoutTensorPolicy,
+    aliases: Mapping[str, str] | None = None,
 ) -> tuple[TensorOwnership, tuple[FinalLayoutModelContract, ...]]:
     """Ownership with policy dtypes, and each DiT's contract; a model without a contract is refused (D08)."""
-    contracts = tuple(contract_for_model(module) for _name, module in dit_modules)
+    contracts = tuple(contract_for_model(module, policy_compute_dtype(policy)) for _name, module in dit_modules)
     keep_by_dit = {
         name: contract.keep_in_fp32_modules for (name, _module), contract in zip(dit_modules, contracts, strict=True)
     }
@@ -104,15 +108,16 @@ def discover_final_layout(
     def final_dtype(dit_name: str, local_name: str, dtype: torch.dtype) -> torch.dtype:
         return policy.final_dtype(local_name, dtype, keep_by_dit[dit_name])
 
-    return discover_tensor_ownership(dit_modules, final_dtype), contracts
+    return discover_tensor_ownership(dit_modules, final_dtype, aliases), contracts
 
 
 def discover_final_layout_tensors(
     dit_modules: Sequence[tuple[str, torch.nn.Module]],
     policy: FinalLayoutTensorPolicy,
+    aliases: Mapping[str, str] | None = None,
 ) -> tuple[FinalLayoutTensor, ...]:
     """The owned tensors with policy dtypes, as `discover_final_layout` finds them, without the contract digest."""
-    contracts = tuple(contract_for_model(module) for _name, module in dit_modules)
+    contracts = tuple(contract_for_model(module, policy_compute_dtype(policy)) for _name, module in dit_modules)
     keep_by_dit = {
         name: contract.keep_in_fp32_modules for (name, _module), contract in zip(dit_modules, contracts, strict=True)
     }
@@ -120,7 +125,7 @@ def discover_final_layout_tensors(
     def final_dtype(dit_name: str, local_name: str, dtype: torch.dtype) -> torch.dtype:
         return policy.final_dtype(local_name, dtype, keep_by_dit[dit_name])
 
-    return discover_owned_tensors(dit_modules, final_dtype)
+    return discover_owned_tensors(dit_modules, final_dtype, aliases)
 
 
 def _qualified(klass: type[object]) -> str:
@@ -137,12 +142,17 @@ def build_final_layout_identity(
     source_digest_cache: NodeSourceDigestCache | None = None,
     tensor_parallel_plan: TensorParallelPlan | None = None,
     tensor_shards: Mapping[str, TensorShard] | None = None,
+    aliases: Mapping[str, str] | None = None,
+    checkpoint_keys: Mapping[str, str] | None = None,
 ) -> FinalLayoutIdentityContext:
     """Build exact source, representation, layout, and implementation identity.
 
     For a tensor-parallel rank, `dit_modules` are already localized (split parameters hold the
     rank's shape), `tensor_shards` say where each split tensor comes from, and the plan enters
-    the layout, so a different plan or TP size is a different key (D05).
+    the layout, so a different plan or TP size is a different key (D05). `aliases` (final-layout
+    name -> owned name) are the ties the model declares; they enter the tensor contract, so the key.
+    `checkpoint_keys` (final-layout name -> checkpoint key) bind tensors the checkpoint stores under
+    another name (a family's own key renaming); the rest are bound by their source prefix.
     """
     if not isinstance(pipeline, torch.nn.Module):
         raise ValueError(f"pipeline must be a torch.nn.Module, got {type(pipeline).__name__}")
@@ -150,8 +160,11 @@ def build_final_layout_identity(
         raise ValueError("request must be a FinalLayoutRequest")
     policy.check_request(request)
     spec = policy.spec
-    ownership, contracts = discover_final_layout(dit_modules, policy)
+    ownership, contracts = discover_final_layout(dit_modules, policy, aliases)
     bindings = bind_tensors_to_sources(ownership.names, prepared_sources)
+    for name, key in (checkpoint_keys or {}).items():
+        if name in bindings:
+            bindings[name] = (bindings[name][0], key)
     source = snapshot_sources(prepared_sources, cache=source_digest_cache)
 
     source_identity = WeightSourceIdentity(
@@ -192,6 +205,7 @@ def build_final_layout_identity(
         tensors=ownership.tensors,
         tensor_sources=bindings,
         tensor_shards=dict(tensor_shards or {}),
+        aliases={alias.name: alias.owner for alias in ownership.aliases},
     )
 
 

@@ -21,12 +21,13 @@ from ..config import RuntimeMode
 from ..failures import FailureCode, HostWeightError, HostWeightUsageError, ResolutionStage, usage_error
 from ..outcomes import AttemptAction, AttemptResult, ResolutionAttempt, ResolutionOutcome, ResolutionReport
 from ..runtime import HostWeightRuntime
-from ._load_options import LoadOptions, check_load_arguments, check_parallel, check_variant
+from ._load_options import LoadOptions, check_dtype, check_load_arguments, check_parallel, check_variant
 from .background import BackgroundPublication
 from .canonical_step import load_canonical_at, load_canonical_for
 from .component_source import ComponentLocation, needs_hashing
 from .contracts import FinalLayoutParallelIdentity
 from .diffusers_family import DIFFUSERS_FAMILY
+from .dtype_policies import ModelFamilyName
 from .load_runtime import required_runtime, runtime_for_load
 from .loaded import LoadedComponent, LoadStopwatch
 from .model_family import ImportClock, ModelFamily
@@ -73,13 +74,18 @@ def load_component(
     representation: str = "bf16",
     **from_pretrained_kwargs: Any,
 ) -> LoadedComponent:
-    """Load a diffusers model component through the node's host weight artifact.
+    """Load a diffusers or transformers model component through the node's host weight artifact.
 
-    `model_or_path` is a model folder, a pipeline folder with `subfolder`, or a repo id in
+    The component is a diffusers `ModelMixin` (its config.json has `_class_name`) or a transformers
+    `PreTrainedModel` (text and vision encoders: the class `model_index.json` names for the
+    subfolder, else the config's `architectures`); either way the result equals that library's
+    own `from_pretrained(..., torch_dtype/dtype=...)` in every parameter and buffer, and tied
+    weights stay tied. `model_or_path` is a model folder, a pipeline folder with `subfolder`, or a repo id in
     the local Hugging Face cache (never the network). The other arguments are those of
     diffusers' `from_pretrained`: `variant` and `use_safetensors` choose the checkpoint files
-    as there (and so the artifact); `torch_dtype`/`dtype` must be BF16 (`torch.bfloat16`,
-    "bfloat16" or "torch.bfloat16"); `device_map` may be None or the CPU; `low_cpu_mem_usage`,
+    as there (and so the artifact); `torch_dtype`/`dtype` is BF16 (the default), FP16 or FP32
+    (a torch dtype or its name), each served as its own representation under its own key (a BF16
+    artifact never serves an FP16 load); `device_map` may be None or the CPU; `low_cpu_mem_usage`,
     `local_files_only`, `token` and `proxies` are accepted and change nothing (nothing is
     downloaded; the token is never used, kept or logged); anything else is refused with a
     `HostWeightUsageError` (a ValueError too) naming it.
@@ -138,12 +144,18 @@ def load_component(
         parallel=parallel,
         extra=from_pretrained_kwargs,
     )
+    if fp8 and options.dtype != torch.bfloat16:
+        raise usage_error(
+            f"representation='fp8' keeps the unquantized tensors in BF16; drop torch_dtype={options.dtype} "
+            "(or load the FP16/FP32 representation without representation='fp8')",
+            argument="representation",
+        )
     clock = ImportClock()
     DIFFUSERS_FAMILY.import_up_front(clock)
     runtime = runtime_for_load(runtime)
     mode = runtime.config.mode
     stopwatch = LoadStopwatch(started, clock, None if mode is RuntimeMode.DISABLED else runtime.config.resolved_root)
-    call = _ComponentCall(location, options, runtime, DIFFUSERS_FAMILY, stopwatch, fp8)
+    call = _ComponentCall(location, options, runtime, None, stopwatch, fp8)
     if mode is RuntimeMode.DISABLED:
         return call.canonical_only(report_without_lookup(mode, ResolutionOutcome.CANONICAL_DIRECT))
     stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED and not fp8
@@ -169,7 +181,8 @@ class _ComponentCall:
     location: ComponentLocation
     options: LoadOptions
     runtime: HostWeightRuntime
-    family: ModelFamily
+    family: ModelFamily | None
+    """None: the family the folder's config.json names (diffusers or transformers)."""
     stopwatch: LoadStopwatch
     fp8: bool
 
@@ -195,12 +208,22 @@ def _load_through_runtime(
         if background and skeleton.source.use_safetensors and _first_on_node(skeleton, call.runtime):
             return _canonical_then_hash_in_background(call, skeleton)
         if call.fp8:
+            _refuse_fp8_for(skeleton)
             quantize_model_fp8(skeleton.model)
-        identified = identify_component(skeleton, call.runtime, tensor_policy(call.fp8))
+        identified = identify_component(skeleton, call.runtime, tensor_policy(True) if call.fp8 else None)
     except HostWeightError as exc:
         report = _identity_fallback_report(exc, call, identify_started)
         return call.canonical_only(report, identity_failure=exc.failure)
     return _serve(call, identified, stream=stream, background=background)
+
+
+def _refuse_fp8_for(skeleton: ComponentSkeleton) -> None:
+    if skeleton.family.family_name is not ModelFamilyName.DIFFUSERS:
+        raise usage_error(
+            f"representation='fp8' serves diffusers models; {skeleton.model_class.__name__} is a "
+            f"{skeleton.family.family_name.value} model: load it without representation='fp8'",
+            argument="representation",
+        )
 
 
 def _first_on_node(skeleton: ComponentSkeleton, runtime: HostWeightRuntime) -> bool:
@@ -287,15 +310,17 @@ def prewarm_component(
     parallel: FinalLayoutParallelIdentity | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     progress: ProgressCallback | None = None,
+    torch_dtype: torch.dtype | str = torch.bfloat16,
 ) -> PrewarmResult:
     """Build (or find) the artifact straight from the checkpoint, without loading the model.
 
-    `variant` picks the checkpoint files as in `load_component` (and so the artifact a later
-    `load_component(..., variant=...)` hits). Runs in REQUIRED mode with local builds allowed
+    `variant` picks the checkpoint files and `torch_dtype` the representation as in `load_component`
+    (and so the artifact a later `load_component(..., variant=..., torch_dtype=...)` hits); diffusers
+    and transformers components alike. Runs in REQUIRED mode with local builds allowed
     whatever the environment says, so a failure raises `HostWeightError` instead of being
     hidden by a fallback; a bad argument or model folder raises `HostWeightUsageError`.
     """
-    options = LoadOptions(variant=check_variant(variant))
+    options = LoadOptions(variant=check_variant(variant), dtype=check_dtype(torch_dtype))
     check_parallel(parallel)
     required = runtime_for_load(required_runtime(runtime if runtime is not None else HostWeightRuntime.from_env()))
     location = ComponentLocation(model_or_path, subfolder, revision, Path(cache_dir) if cache_dir is not None else None)

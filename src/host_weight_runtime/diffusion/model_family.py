@@ -1,8 +1,11 @@
 """A model family: the library whose classes a component is (diffusers today), as the load steps need it.
 
-Every step of a component load is the same for any family except four points, which a family
+Every step of a component load is the same for any family except a few points, which a family
 supplies: which class a folder's config names, how a `meta` skeleton is built, which library
-versions enter the loader identity, and how the canonical load reads the checkpoint.
+versions enter the loader identity, which checkpoint key feeds each model tensor and which
+names are tied, and how the canonical load reads the checkpoint. diffusers (`diffusers_family.py`)
+and transformers (`family_transformers.py`) are the two families; `component_source.family_for_config`
+picks one from a folder's config.json.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from ._load_options import LoadOptions
+from .dtype_policies import ModelFamilyName
 from .source_identity import PreparedWeightSource
 
 __all__ = ["ImportClock", "ModelFamily", "default_dtype"]
@@ -56,6 +60,11 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 class ModelFamily(Protocol):
     """What the load steps ask of the library a component's class belongs to."""
 
+    @property
+    def family_name(self) -> ModelFamilyName:
+        """Which library's rules decide the bytes (it picks the dtype policy, so the representation)."""
+        ...
+
     def import_up_front(self, clock: ImportClock) -> None:
         """Import what every load of this family needs, timed on `clock` when something is not imported yet."""
         ...
@@ -68,8 +77,16 @@ class ModelFamily(Protocol):
         """The config the class is built from, as the library reads it (it enters the loader identity)."""
         ...
 
-    def build_skeleton(self, model_class: type[Any], resolved_root: Path, name_or_path: str) -> torch.nn.Module:
-        """The model built as the library's canonical load builds it, with parameters on `meta`."""
+    def build_skeleton(
+        self, model_class: type[Any], resolved_root: Path, name_or_path: str, dtype: torch.dtype = torch.bfloat16
+    ) -> torch.nn.Module:
+        """The model built as the library's canonical load at `dtype` builds it, with parameters on `meta`."""
+        ...
+
+    def checkpoint_bindings(
+        self, model: torch.nn.Module, source: PreparedWeightSource
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """(model tensor -> checkpoint key where the two differ, alias -> owner of each tie), in local names."""
         ...
 
     def library_versions(self) -> dict[str, str]:
@@ -79,5 +96,5 @@ class ModelFamily(Protocol):
     def load_canonical(
         self, model_class: type[Any], source: PreparedWeightSource, name_or_path: str, options: LoadOptions
     ) -> torch.nn.Module:
-        """Exactly what a user of the library gets from its own BF16 load of the folder, from local files only."""
+        """Exactly what a user of the library gets from its own load at `options.dtype`, from local files only."""
         ...

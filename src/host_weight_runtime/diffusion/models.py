@@ -21,13 +21,23 @@ __all__ = [
     "ModelNotReadyError",
     "contract_for_model",
     "is_diffusers_model",
+    "is_transformers_model",
 ]
 
 _CONTRACT_VERSION = "1"
+_LABELS = {torch.bfloat16: "BF16", torch.float16: "FP16", torch.float32: "FP32"}
 
 
 class ModelNotReadyError(ValueError):
     """A restored model failed its contract's validator."""
+
+
+def is_transformers_model(model_type: type[object]) -> bool:
+    """True for subclasses of transformers' `PreTrainedModel`, without importing transformers."""
+    return any(
+        klass.__name__ == "PreTrainedModel" and klass.__module__.startswith("transformers.")
+        for klass in model_type.__mro__
+    )
 
 
 def is_diffusers_model(model_type: type[object]) -> bool:
@@ -52,26 +62,33 @@ def _weight_scale(module: torch.nn.Module) -> object:
     return None
 
 
-def _require_ready(model: torch.nn.Module, keep_in_fp32_modules: tuple[str, ...]) -> None:
-    """Every tensor is materialized on the host; floating parameters follow the BF16 policy; eval mode.
-
-    `requires_grad` is left as diffusers gives it: a lease maps private copy-on-write, so not
-    even a write to a parameter can reach the artifact.
-    """
+def _require_served(model: torch.nn.Module) -> None:
+    """Eval mode and every tensor materialized (not on `meta`): what any family's restored model must be."""
     if model.training:
         raise ModelNotReadyError(f"{type(model).__name__} is in training mode; a restored model serves in eval mode")
     for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
         if tensor.is_meta:
             raise ModelNotReadyError(f"{name} is still on the meta device; the model was not fully restored")
+
+
+def _require_ready(
+    model: torch.nn.Module, keep_in_fp32_modules: tuple[str, ...], dtype: torch.dtype = torch.bfloat16
+) -> None:
+    """Every tensor is materialized on the host; floating parameters follow the dtype policy; eval mode.
+
+    `requires_grad` is left as diffusers gives it: a lease maps private copy-on-write, so not
+    even a write to a parameter can reach the artifact.
+    """
+    _require_served(model)
     quantized = {  # FP8 representation: an FP8Linear's weight is float8_e4m3fn next to its FP32 weight_scale
         f"{name}.weight" for name, module in model.named_modules() if isinstance(_weight_scale(module), torch.Tensor)
     }
     for name, parameter in model.named_parameters(remove_duplicate=False):
         if not parameter.dtype.is_floating_point or (name in quantized and parameter.dtype == torch.float8_e4m3fn):
             continue
-        expected = torch.float32 if keeps_fp32(name, keep_in_fp32_modules) else torch.bfloat16
+        expected = torch.float32 if keeps_fp32(name, keep_in_fp32_modules) else dtype
         if parameter.dtype != expected:
-            raise ModelNotReadyError(f"{name} is {parameter.dtype}; the BF16 policy requires {expected}")
+            raise ModelNotReadyError(f"{name} is {parameter.dtype}; the {_LABELS[dtype]} policy requires {expected}")
 
 
 def _require_modules(*names: str) -> Callable[[torch.nn.Module], None]:
@@ -89,19 +106,20 @@ def _contract(
     required_modules: tuple[str, ...],
     *,
     first_class: bool = True,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> FinalLayoutModelContract:
     structure = _require_modules(*required_modules)
 
     def validate(model: torch.nn.Module) -> None:
         structure(model)
-        _require_ready(model, keep_in_fp32_modules)
+        _require_ready(model, keep_in_fp32_modules, dtype)
 
     document = {
         "class": class_name,
         "version": _CONTRACT_VERSION,
         "keep_in_fp32_modules": list(keep_in_fp32_modules),
         "required_modules": list(required_modules),
-        "validator": "host tensors, BF16 policy dtypes, no grad, eval mode",
+        "validator": f"host tensors, {_LABELS[dtype]} policy dtypes, no grad, eval mode",
     }
     return FinalLayoutModelContract(
         implementation=ImplementationIdentity(
@@ -116,36 +134,31 @@ def _contract(
     )
 
 
-FIRST_CLASS_CONTRACTS: Mapping[str, FinalLayoutModelContract] = {
-    contract.model_class_name: contract
-    for contract in (
-        _contract(
-            "FluxTransformer2DModel",
-            (),
-            ("x_embedder", "context_embedder", "transformer_blocks", "single_transformer_blocks", "proj_out"),
-        ),
-        _contract(
-            "Flux2Transformer2DModel",
-            (),
-            ("x_embedder", "context_embedder", "transformer_blocks", "single_transformer_blocks", "proj_out"),
-        ),
-        _contract(
-            "MiniMaxH3Transformer3DModel",
-            ("proj_in", "audio_proj_in", "time_embedder", "proj_out", "audio_proj_out", "rope"),
-            ("proj_in", "proj_out", "rope"),
-        ),
-        _contract(
-            "SD3Transformer2DModel",
-            (),
-            ("pos_embed", "context_embedder", "transformer_blocks", "proj_out"),
-        ),
-        _contract(
-            "WanTransformer3DModel",
-            ("rope", "time_embedder", "scale_shift_table", "norm1", "norm2", "norm3"),
-            ("patch_embedding", "condition_embedder", "blocks", "proj_out", "rope"),
-        ),
-    )
+_FIRST_CLASS: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "FluxTransformer2DModel": (
+        (),
+        ("x_embedder", "context_embedder", "transformer_blocks", "single_transformer_blocks", "proj_out"),
+    ),
+    "Flux2Transformer2DModel": (
+        (),
+        ("x_embedder", "context_embedder", "transformer_blocks", "single_transformer_blocks", "proj_out"),
+    ),
+    "MiniMaxH3Transformer3DModel": (
+        ("proj_in", "audio_proj_in", "time_embedder", "proj_out", "audio_proj_out", "rope"),
+        ("proj_in", "proj_out", "rope"),
+    ),
+    "SD3Transformer2DModel": ((), ("pos_embed", "context_embedder", "transformer_blocks", "proj_out")),
+    "WanTransformer3DModel": (
+        ("rope", "time_embedder", "scale_shift_table", "norm1", "norm2", "norm3"),
+        ("patch_embedding", "condition_embedder", "blocks", "proj_out", "rope"),
+    ),
 }
+"""Class name -> (modules kept in FP32, modules the validator requires) of the first-class diffusers models."""
+
+FIRST_CLASS_CONTRACTS: Mapping[str, FinalLayoutModelContract] = {
+    name: _contract(name, keep, required) for name, (keep, required) in _FIRST_CLASS.items()
+}
+"""The BF16 contracts of the first-class models (FP16 and FP32 contracts differ only in their validator's dtype)."""
 
 
 def _declared_fp32_modules(model_type: type[object]) -> tuple[str, ...]:
@@ -165,13 +178,47 @@ def _unsupported(message: str, **details: str) -> HostWeightError:
     )
 
 
-def contract_for_model(model: torch.nn.Module) -> FinalLayoutModelContract:
-    """The first-class contract for the model's class, a generic one for other diffusers models, else an error (D08)."""
+def _transformers_contract(model: torch.nn.Module, dtype: torch.dtype) -> FinalLayoutModelContract:
+    """A transformers model's contract: its dtype plan at `dtype`, read from the instance as from_pretrained does."""
+    plan_of = getattr(model, "_get_dtype_plan", None)
+    plan = plan_of(dtype) if callable(plan_of) else {}
+    keep = tuple(sorted(str(pattern) for pattern in plan))
+    class_name = type(model).__name__
+    document = {
+        "class": class_name,
+        "family": "transformers",
+        "version": _CONTRACT_VERSION,
+        "dtype_plan": list(keep),
+        "validator": "host tensors, eval mode; dtypes and zero-copy binding checked against the lease on restore",
+    }
+
+    def validate(restored: torch.nn.Module) -> None:
+        _require_served(restored)
+
+    return FinalLayoutModelContract(
+        implementation=ImplementationIdentity(
+            implementation_id=f"transformers.{class_name}",
+            version=_CONTRACT_VERSION,
+            fingerprint=hashlib.sha256(encode_canonical(document)).hexdigest(),
+        ),
+        model_class_name=class_name,
+        keep_in_fp32_modules=keep,
+        validator=validate,
+        first_class=False,
+    )
+
+
+def contract_for_model(model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> FinalLayoutModelContract:
+    """The model's contract at `dtype`: first-class, generic diffusers, transformers, else refused (D08)."""
     model_type = type(model)
+    if dtype not in _LABELS:
+        raise _unsupported(f"no final-layout contract serves {dtype}", model_class=model_type.__qualname__)
+    if is_transformers_model(model_type):
+        return _transformers_contract(model, dtype)
     if not is_diffusers_model(model_type):
         raise _unsupported(
             f"{model_type.__module__}.{model_type.__qualname__} has no final-layout restore contract; only diffusers "
-            "ModelMixin subclasses can build a final-layout identity",
+            "ModelMixin and transformers PreTrainedModel subclasses can build a final-layout identity",
             model_class=model_type.__qualname__,
         )
     declared = _declared_fp32_modules(model_type)
@@ -184,5 +231,8 @@ def contract_for_model(model: torch.nn.Module) -> FinalLayoutModelContract:
                 "must be reviewed before its artifacts can be trusted",
                 model_class=model_type.__name__,
             )
-        return contract
-    return _contract(model_type.__name__, declared, (), first_class=False)
+        if dtype == torch.bfloat16:
+            return contract
+        required = _FIRST_CLASS.get(model_type.__name__, ((), ()))[1]
+        return _contract(model_type.__name__, contract.keep_in_fp32_modules, required, dtype=dtype)
+    return _contract(model_type.__name__, declared, (), first_class=False, dtype=dtype)

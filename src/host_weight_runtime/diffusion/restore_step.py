@@ -11,6 +11,8 @@ import torch
 from ..failures import HostWeightError, HostWeightFailure
 from ..lease import HostWeightLease
 from ..metrics import record_restore
+from .dtype_policies import ModelFamilyName
+from .family_transformers import restore_from_lease
 from .fp8 import FinalLayoutFP8Restorer
 from .identity_adapter import FinalLayoutIdentityContext
 from .lease_anchor import anchor_lease
@@ -25,7 +27,23 @@ _LOG = logging.getLogger(__name__)
 def restore_into_skeleton(
     skeleton: ComponentSkeleton, context: FinalLayoutIdentityContext, lease: HostWeightLease, *, fp8: bool
 ) -> torch.nn.Module:
-    """Plan (mutating nothing), commit once, and anchor the lease on the model; raises HostWeightError."""
+    """Plan (mutating nothing), commit once, and anchor the lease on the model; raises HostWeightError.
+
+    A transformers component is validated the same way and then finished by transformers itself from
+    the lease's tensors (a new model, checked to hold them without a copy); the skeleton is left alone.
+    """
+    if skeleton.family.family_name is ModelFamilyName.TRANSFORMERS:
+        model = restore_from_lease(
+            context,
+            skeleton.holder,
+            lease,
+            model_class=skeleton.model_class,
+            source=skeleton.source,
+            name_or_path=skeleton.location.name_or_path,
+            dtype=skeleton.options.dtype,
+        )
+        anchor_lease(model, lease)
+        return model
     restorer = FinalLayoutFP8Restorer(context) if fp8 else FinalLayoutTensorRestorer(context)
     restorer._plan_on_identity_skeleton(skeleton.holder, lease).commit()
     anchor_lease(skeleton.model, lease)

@@ -60,6 +60,16 @@ class _Binding:
     attribute: str
     kind: TensorKind
     tensor: torch.Tensor
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Tie:
+    """A declared alias: after the owned tensors are bound, `module.attribute` becomes the owner's very tensor."""
+
+    module: torch.nn.Module
+    attribute: str
+    owner: str
 
 
 class FinalLayoutTensorRestorePlan:
@@ -72,8 +82,11 @@ class FinalLayoutTensorRestorePlan:
         dit_modules: Sequence[tuple[str, torch.nn.Module]],
         lease: HostWeightLease,
         bindings: tuple[_Binding, ...],
+        *,
+        ties: tuple[_Tie, ...] = (),
     ) -> None:
         self._context = context
+        self._ties = ties
         self._model = model
         self._dit_modules = tuple(dit_modules)
         self._lease = lease
@@ -98,18 +111,28 @@ class FinalLayoutTensorRestorePlan:
         if self._lease.closed:
             raise restore_error("the lease was closed before commit; nothing was changed")
         self._context.ensure_sources_unchanged()
+        bound: dict[str, torch.Tensor] = {}
         for binding in self._bindings:
             if binding.kind is TensorKind.PARAMETER:
                 # Each parameter keeps the model's requires_grad (diffusers gives True), so a restored model
                 # behaves as a canonical one; a lease maps private copy-on-write, so even a write (an optimizer
                 # step) changes only this process's pages, never the artifact.
                 previous = binding.module._parameters.get(binding.attribute)
-                requires_grad = True if previous is None else previous.requires_grad
-                binding.module._parameters[binding.attribute] = torch.nn.Parameter(
-                    binding.tensor, requires_grad=requires_grad
+                requires_grad = (True if previous is None else previous.requires_grad) and (
+                    binding.tensor.is_floating_point() or binding.tensor.is_complex()
                 )
+                parameter = torch.nn.Parameter(binding.tensor, requires_grad=requires_grad)
+                binding.module._parameters[binding.attribute] = parameter
+                bound[binding.name] = parameter
             else:
                 binding.module._buffers[binding.attribute] = binding.tensor
+                bound[binding.name] = binding.tensor
+        for tie in self._ties:
+            owner = bound[tie.owner]
+            if isinstance(owner, torch.nn.Parameter):
+                tie.module._parameters[tie.attribute] = owner
+            else:
+                tie.module._buffers[tie.attribute] = owner
         for (_name, module), contract in zip(self._dit_modules, self._context.model_contracts, strict=True):
             try:
                 contract.validator(module)
@@ -164,7 +187,9 @@ class FinalLayoutTensorRestorer:
                 f"the artifact needs restorer schema {manifest.restorer_schema!r}; this restorer is {self.schema!r}"
             )
         dit_modules = dit_modules_of(model, context)
-        if rediscover and discover_final_layout_tensors(dit_modules, context.policy) != context.tensors:
+        if rediscover and (
+            discover_final_layout_tensors(dit_modules, context.policy, context.aliases) != context.tensors
+        ):
             raise restore_error(
                 "the model's tensors do not match the identity's tensor contract; build the identity on this model",
             )
@@ -202,5 +227,16 @@ class FinalLayoutTensorRestorer:
             owner = submodules[tensor.dit_name].get(module_path)
             if owner is None:
                 raise restore_error(f"{tensor.name}: the model has no submodule {module_path!r}", tensor=tensor.name)
-            bindings.append(_Binding(owner, attribute, tensor.kind, value))
-        return FinalLayoutTensorRestorePlan(context, model, dit_modules, lease, tuple(bindings))
+            bindings.append(_Binding(owner, attribute, tensor.kind, value, tensor.name))
+        ties = tuple(_tie(name, owner, submodules) for name, owner in sorted(context.aliases.items()))
+        return FinalLayoutTensorRestorePlan(context, model, dit_modules, lease, tuple(bindings), ties=ties)
+
+
+def _tie(name: str, owner: str, submodules: dict[str, dict[str, torch.nn.Module]]) -> _Tie:
+    """Where a declared alias lives in the model, checked before anything is bound."""
+    dit_name, _, local_name = name.partition(".")
+    module_path, _, attribute = local_name.rpartition(".")
+    module = submodules.get(dit_name, {}).get(module_path)
+    if module is None:
+        raise restore_error(f"{name}: the model has no submodule {module_path!r} for this tied tensor", tensor=name)
+    return _Tie(module, attribute, owner)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ from .contracts import (
     FinalLayoutTensorPolicy,
     ImplementationIdentity,
 )
-from .diffusers_family import DIFFUSERS_FAMILY
+from .dtype_policies import ModelFamilyName, dtype_policy
 from .identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity
 from .model_family import ImportClock, ModelFamily
 from .models import contract_for_model
@@ -48,6 +49,12 @@ __all__ = [
     "loader_identity",
     "prepare_skeleton",
 ]
+
+_KEY_MAPPING = {
+    ModelFamilyName.DIFFUSERS: "identity",
+    ModelFamilyName.TRANSFORMERS: "transformers-conversion-mapping",
+}
+"""How each family maps checkpoint keys to model tensors (it enters the weight transform, so the key)."""
 
 LOADER_ID = "host_weight_runtime.diffusion.load_component"
 """The loader every artifact of a component load names (with `_LOADER_VERSION`) in its identity."""
@@ -70,6 +77,12 @@ class ComponentSkeleton:
     request: FinalLayoutRequest
     options: LoadOptions
     family: ModelFamily
+    policy: FinalLayoutTensorPolicy = FINAL_LAYOUT_BF16_POLICY
+    """The family's policy at the requested dtype: the representation this load serves."""
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    """Final-layout name -> owner of each tie the model declares (keyed, stored once)."""
+    checkpoint_keys: Mapping[str, str] = field(default_factory=dict)
+    """Final-layout name -> checkpoint key, where the family renames checkpoint keys."""
 
     @property
     def component_name(self) -> str:
@@ -101,8 +114,10 @@ def loader_identity(
     config: dict[str, Any],
     keep_fp32: tuple[str, ...],
     safetensors: bool,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> FinalLayoutLoaderIdentity:
-    """Who loads the tensors and how: loader and library versions, the model's config, the BF16 transform."""
+    """Who loads the tensors and how: loader and library versions, the model's config, the dtype transform."""
     versions = family.library_versions()
     implementation = ImplementationIdentity(
         implementation_id=LOADER_ID,
@@ -116,9 +131,9 @@ def loader_identity(
         ),
         weight_transform_fingerprint=_digest(
             {
-                "torch_dtype": str(torch.bfloat16),
+                "torch_dtype": str(dtype),
                 "keep_in_fp32_modules": list(keep_fp32),
-                "key_mapping": "identity",
+                "key_mapping": _KEY_MAPPING[family.family_name],
                 "checkpoint_format": "safetensors" if safetensors else "pickle",
             }
         ),
@@ -130,38 +145,64 @@ def prepare_skeleton(
     options: LoadOptions,
     parallel: FinalLayoutParallelIdentity,
     *,
-    family: ModelFamily = DIFFUSERS_FAMILY,
+    family: ModelFamily | None = None,
     clock: ImportClock | None = None,
 ) -> ComponentSkeleton:
-    """The source files, model class, `meta` skeleton and request: everything but the hashing."""
+    """The source files, model class, `meta` skeleton and request: everything but the hashing.
+
+    `family=None` takes the family the folder's config.json names. A transformers component whose
+    checkpoint an artifact cannot reproduce (pickle only, a tensor it lacks, both names of a tie)
+    raises UNSUPPORTED here, so the load falls back (PREFERRED) or fails typed (REQUIRED).
+    """
     source = checkpoint_source(location, options)
-    model_class = component_model_class(source, family, clock)
+    family, model_class = component_model_class(source, family, clock)
     with usage_errors():
-        model = family.build_skeleton(model_class, source.resolved_root, location.name_or_path)
+        model = family.build_skeleton(model_class, source.resolved_root, location.name_or_path, options.dtype)
     holder = ComponentHolder()
     holder.add_module(location.component_name, model)
-    contract = contract_for_model(model)
+    contract = contract_for_model(model, options.dtype)
     config = family.model_config(model_class, source.resolved_root)
     request = FinalLayoutRequest(
         model_id=model_id(location.model_or_path, source),
-        loader=loader_identity(family, model_class, config, contract.keep_in_fp32_modules, source.use_safetensors),
+        loader=loader_identity(
+            family, model_class, config, contract.keep_in_fp32_modules, source.use_safetensors, dtype=options.dtype
+        ),
         parallel=parallel,
     )
-    return ComponentSkeleton(location, source, model_class, model, holder, request, options, family)
+    keys, aliases = family.checkpoint_bindings(model, source)
+    prefix = f"{location.component_name}."
+    return ComponentSkeleton(
+        location,
+        source,
+        model_class,
+        model,
+        holder,
+        request,
+        options,
+        family,
+        policy=dtype_policy(family.family_name, options.dtype),
+        aliases={prefix + alias: prefix + owner for alias, owner in aliases.items()},
+        checkpoint_keys={prefix + name: key for name, key in keys.items() if name != key},
+    )
 
 
 def identify_component(
     skeleton: ComponentSkeleton,
     runtime: HostWeightRuntime,
-    policy: FinalLayoutTensorPolicy = FINAL_LAYOUT_BF16_POLICY,
+    policy: FinalLayoutTensorPolicy | None = None,
 ) -> IdentifiedComponent:
-    """Hash the sources (once per node, through the digest cache) and build the identity on the skeleton."""
+    """Hash the sources (once per node, through the digest cache) and build the identity on the skeleton.
+
+    `policy=None` is the skeleton's own (its family's at the requested dtype); FP8 passes its own.
+    """
     context = build_final_layout_identity(
         skeleton.holder,
         dit_modules=[(skeleton.component_name, skeleton.model)],
         prepared_sources=[skeleton.source],
         request=skeleton.request,
-        policy=policy,
+        policy=skeleton.policy if policy is None else policy,
         source_digest_cache=node_digest_cache(runtime),
+        aliases=skeleton.aliases,
+        checkpoint_keys=skeleton.checkpoint_keys,
     )
     return IdentifiedComponent(skeleton, context)

@@ -126,7 +126,7 @@ def prepare_weight_source(
     )
 
 
-# The component a pipeline folder is most often loaded for, first (the runtime serves DiTs and UNets).
+# The component a pipeline folder is most often loaded for, first (every subfolder with a config.json is served).
 _PREFERRED_COMPONENTS = ("transformer", "unet")
 
 
@@ -158,7 +158,7 @@ def _no_model_folder(
     if subfolder is not None and not root.is_dir():
         problem = f"subfolder {subfolder!r} does not exist in {where}"
     else:
-        problem = f"{root} has no config.json, so it is not a diffusers model folder"
+        problem = f"{root} has no config.json, so it is not a model folder (diffusers or transformers)"
     if components:
         listed = ", ".join(components[:MAX_LISTED]) + (" ..." if len(components) > MAX_LISTED else "")
         problem += f"; the subfolders that hold a config.json: {listed}"

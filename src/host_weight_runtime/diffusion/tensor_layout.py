@@ -20,6 +20,7 @@ from ..tensors import TensorKind, dtype_code
 
 __all__ = [
     "FinalLayoutTensor",
+    "TensorAlias",
     "TensorOwnership",
     "discover_tensor_ownership",
     "owned_tensors",
@@ -84,11 +85,27 @@ class FinalLayoutTensor:
 
 
 @dataclass(frozen=True, slots=True)
+class TensorAlias:
+    """A name the model's tied-weights mechanism declares to be the very tensor stored under `owner`.
+
+    The artifact stores the owner once; a restore binds both names to that one tensor. Any alias
+    the model does not declare is still refused.
+    """
+
+    name: str
+    owner: str
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {"alias": self.name, "owner": self.owner}
+
+
+@dataclass(frozen=True, slots=True)
 class TensorOwnership:
-    """The complete, alias-free tensor set of the DiT modules and its contract digest."""
+    """The complete tensor set of the DiT modules, its declared aliases, and its contract digest."""
 
     tensors: tuple[FinalLayoutTensor, ...]
     contract_digest: str
+    aliases: tuple[TensorAlias, ...] = ()
 
     @property
     def names(self) -> frozenset[str]:
@@ -102,10 +119,13 @@ class TensorOwnership:
         return sum(tensor.nbytes for tensor in self.tensors)
 
 
-def tensor_contract_digest(tensors: Sequence[FinalLayoutTensor]) -> str:
-    """SHA-256 over the sorted (name, kind, role, shape, dtype, stride) rows."""
+def tensor_contract_digest(tensors: Sequence[FinalLayoutTensor], aliases: Sequence[TensorAlias] = ()) -> str:
+    """SHA-256 over the sorted (name, kind, role, shape, dtype, stride) rows, and the aliases when there are any."""
     rows: list[JsonValue] = [tensor.to_dict() for tensor in sorted(tensors, key=lambda tensor: tensor.name)]
-    return hashlib.sha256(encode_canonical_trusted(rows)).hexdigest()  # rows of validated, typed fields
+    if not aliases:  # the original contract document, so models without ties keep their keys
+        return hashlib.sha256(encode_canonical_trusted(rows)).hexdigest()  # rows of validated, typed fields
+    tied: list[JsonValue] = [alias.to_dict() for alias in sorted(aliases, key=lambda alias: alias.name)]
+    return hashlib.sha256(encode_canonical_trusted({"tensors": rows, "aliases": tied})).hexdigest()
 
 
 def _check_dit_names(dit_modules: Sequence[tuple[str, torch.nn.Module]]) -> None:
@@ -176,59 +196,110 @@ def _reject_overlaps(byte_ranges: list[tuple[int, int, int, str]]) -> None:
 def discover_tensor_ownership(
     dit_modules: Sequence[tuple[str, torch.nn.Module]],
     final_dtype: FinalDtype,
+    aliases: Mapping[str, str] | None = None,
 ) -> TensorOwnership:
-    """Every owned tensor with its final dtype; aliases, non-contiguous and foreign-device tensors are refused."""
-    found = discover_owned_tensors(dit_modules, final_dtype)
-    return TensorOwnership(found, tensor_contract_digest(found))
+    """Every owned tensor with its final dtype; undeclared aliases, non-contiguous, foreign-device tensors are refused.
+
+    `aliases` maps a final-layout name to the owned name it is tied to (the model's tied-weights mechanism).
+    """
+    declared = dict(aliases or {})
+    found = discover_owned_tensors(dit_modules, final_dtype, declared)
+    tied = tuple(TensorAlias(name, owner) for name, owner in sorted(declared.items()))
+    return TensorOwnership(found, tensor_contract_digest(found, tied), tied)
+
+
+def _check_alias(name: str, owner: str, tensor: torch.Tensor, owners: Mapping[str, torch.Tensor]) -> None:
+    """A declared alias is its owner's very tensor, or (a `meta` skeleton not tied yet) a twin of the same shape."""
+    owned = owners.get(owner)
+    if owned is None:
+        raise ownership_error(f"{name} is declared tied to {owner}, which the model does not own", tensor=name)
+    if tensor is owned:
+        return
+    if tensor.device.type != "meta" or tuple(tensor.shape) != tuple(owned.shape) or tensor.dtype != owned.dtype:
+        raise ownership_error(
+            f"{name} is declared tied to {owner} but is a separate {tensor.device.type} tensor; a loaded model "
+            "must hold one tensor under both names",
+            tensor=name,
+            alias_of=owner,
+        )
+
+
+def _final_layout_tensor(
+    name: str,
+    tensor: torch.Tensor,
+    *,
+    dit_name: str,
+    local_name: str,
+    attribute: str,
+    kind: TensorKind,
+    final: FinalDtype,
+) -> FinalLayoutTensor:
+    device = tensor.device.type
+    if device not in _ALLOWED_DEVICES:
+        raise ownership_error(
+            f"{name} lives on {tensor.device}; final-layout tensors are host tensors, so discover ownership on a "
+            "CPU or meta model before moving it to an accelerator",
+            tensor=name,
+            device=str(tensor.device),
+        )
+    shape = tuple(int(size) for size in tensor.shape)
+    stride = tuple(int(step) for step in tensor.stride())
+    if not tensor.is_contiguous():
+        raise ownership_error(
+            f"{name} is not contiguous (stride {stride} for shape {shape}); make it contiguous before publishing",
+            tensor=name,
+        )
+    return FinalLayoutTensor(
+        name=name,
+        dit_name=dit_name,
+        local_name=local_name,
+        kind=kind,
+        role=attribute,
+        shape=shape,
+        dtype=final(dit_name, local_name, tensor.dtype),
+        stride=_contiguous_strides(shape),
+    )
 
 
 def discover_owned_tensors(
     dit_modules: Sequence[tuple[str, torch.nn.Module]],
     final_dtype: FinalDtype,
+    aliases: Mapping[str, str] | None = None,
 ) -> tuple[FinalLayoutTensor, ...]:
     """The tensors of `discover_tensor_ownership`, sorted by name, without digesting them into a contract."""
+    declared = aliases or {}
     found: list[FinalLayoutTensor] = []
     seen_objects: dict[int, str] = {}
+    owners: dict[str, torch.Tensor] = {}
+    tied: list[tuple[str, torch.Tensor]] = []
     byte_ranges: list[tuple[int, int, int, str]] = []
     for dit_name, local_name, attribute, kind, tensor in owned_tensors(dit_modules):
         name = f"{dit_name}.{local_name}"
+        if name in declared:
+            tied.append((name, tensor))
+            continue
         earlier = seen_objects.get(id(tensor))
         if earlier is not None:
             raise ownership_error(
                 f"{name} is the same tensor as {earlier}; aliased (tied or shared) tensors cannot be "
-                "published as final-layout tensors",
+                "published as final-layout tensors unless the model declares the tie",
                 tensor=name,
                 alias_of=earlier,
             )
         seen_objects[id(tensor)] = name
-        device = tensor.device.type
-        if device not in _ALLOWED_DEVICES:
-            raise ownership_error(
-                f"{name} lives on {tensor.device}; final-layout tensors are host tensors, so discover ownership on a "
-                "CPU or meta model before moving it to an accelerator",
-                tensor=name,
-                device=str(tensor.device),
-            )
-        shape = tuple(int(size) for size in tensor.shape)
-        stride = tuple(int(step) for step in tensor.stride())
-        if not tensor.is_contiguous():
-            raise ownership_error(
-                f"{name} is not contiguous (stride {stride} for shape {shape}); make it contiguous before publishing",
-                tensor=name,
-            )
+        owners[name] = tensor
+        described = _final_layout_tensor(
+            name, tensor, dit_name=dit_name, local_name=local_name, attribute=attribute, kind=kind, final=final_dtype
+        )
+        found.append(described)
         if tensor.numel() > 0:
             byte_ranges.append((*_byte_range(tensor), name))
-        found.append(
-            FinalLayoutTensor(
-                name=name,
-                dit_name=dit_name,
-                local_name=local_name,
-                kind=kind,
-                role=attribute,
-                shape=shape,
-                dtype=final_dtype(dit_name, local_name, tensor.dtype),
-                stride=_contiguous_strides(shape),
-            )
+    for name, tensor in tied:
+        _check_alias(name, declared[name], tensor, owners)
+    missing = sorted(set(declared) - {name for name, _tensor in tied})
+    if missing:
+        raise ownership_error(
+            f"the declared tied tensor(s) {missing[:5]} are not in the model", missing=list[JsonValue](missing[:5])
         )
     _reject_overlaps(byte_ranges)
     found.sort(key=lambda tensor: tensor.name)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...config import RuntimeMode
-from ...failures import FailureCode, HostWeightError
+from ...failures import FailureCode, HostWeightError, usage_error
 from ...lease import HostWeightLease
 from ...outcomes import HostWeightResolution, ResolutionOutcome
 from ...runtime import HostWeightRuntime
@@ -24,6 +24,7 @@ from .._load_options import LoadOptions
 from ..canonical_step import load_canonical_for
 from ..component_source import ComponentLocation, node_digest_cache
 from ..contracts import FINAL_LAYOUT_BF16_POLICY, FinalLayoutParallelIdentity, FinalLayoutTensorPolicy
+from ..dtype_policies import ModelFamilyName
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..load_runtime import required_runtime, runtime_for_load
 from ..loaded import LoadedComponent
@@ -126,6 +127,16 @@ class _RankLoad:
         )
 
 
+def _require_diffusers(skeleton: ComponentSkeleton) -> None:
+    """Tensor-parallel plans are diffusers plans; a transformers component (a text encoder) loads whole."""
+    if skeleton.family.family_name is not ModelFamilyName.DIFFUSERS:
+        raise usage_error(
+            f"tensor parallelism serves diffusers models; {skeleton.model_class.__name__} is a "
+            f"{skeleton.family.family_name.value} model: load it without parallel= (one copy per node is shared)",
+            argument="parallel",
+        )
+
+
 def load_tensor_parallel_component(
     location: ComponentLocation,
     *,
@@ -152,6 +163,7 @@ def load_tensor_parallel_component(
         raise ValueError(f"tensor_parallel_rank {rank} is rank {cohort.rank} of the process group; they must match")
     stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED and not fp8
     skeleton = prepare_skeleton(location, LoadOptions(), parallel)
+    _require_diffusers(skeleton)
     plan = plan_for_model(skeleton.model)  # on the plain skeleton: a registered plan keys on its class
     if fp8:
         quantize_model_fp8(skeleton.model)
@@ -243,6 +255,7 @@ def prewarm_tensor_parallel(
     skeleton = prepare_skeleton(
         location, LoadOptions(), FinalLayoutParallelIdentity(tensor_parallel_size=tensor_parallel_size)
     )
+    _require_diffusers(skeleton)
     require_safetensors(skeleton, "a bundle", "Load each rank once with load_component")
     contexts = _identify_every_rank(skeleton, required, FINAL_LAYOUT_BF16_POLICY, plan_for_model(skeleton.model))
     producer = FinalLayoutBF16BundleProducer(contexts)

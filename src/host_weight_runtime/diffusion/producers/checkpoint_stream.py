@@ -18,6 +18,7 @@ from ...protocols import (
     TensorFileWriter,
     WeightProductionSpec,
 )
+from ..contracts import streamed_final_dtype
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..parallel.plan import TensorShard
 from ..tensor_layout import FinalLayoutTensor
@@ -113,7 +114,9 @@ class FinalLayoutBF16CheckpointProducer:
         index = self._checkpoint_index()
         for tensor in context.tensors:
             entry = index[tensor.name]
-            final = context.policy.final_dtype(tensor.local_name, entry.dtype, self._keep_fp32(tensor))
+            final = streamed_final_dtype(
+                context.policy, tensor.local_name, entry.dtype, tensor.dtype, self._keep_fp32(tensor)
+            )
             shard = context.tensor_shards.get(tensor.name)
             shape = entry.shape if shard is None else shard.local_shape(entry.shape)
             if shape != tensor.shape or final != tensor.dtype:

@@ -54,7 +54,7 @@ class FinalLayoutBF16Producer:
     def produce(self, writer: ArtifactWriter) -> ProductionMetadata:
         context = self._context
         context.ensure_sources_unchanged()
-        ownership, _contracts = discover_final_layout(self._dit_modules, context.policy)
+        ownership, _contracts = discover_final_layout(self._dit_modules, context.policy, context.aliases)
         if ownership.tensors != context.tensors:
             expected = {tensor.name: tensor for tensor in context.tensors}
             differing = sorted(

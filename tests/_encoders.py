@@ -1,0 +1,230 @@
+"""Tiny real transformers encoders, saved with `save_pretrained` into a pipeline-shaped folder.
+
+Each kind is a real transformers class built from a small config with a fixed seed, saved as
+transformers saves it (T5's tied `encoder.embed_tokens.weight` is left out of the checkpoint,
+Qwen2.5-VL's keys keep their pre-v5 names), next to a `model_index.json` that names the class
+as a diffusers pipeline does. Functions here also run in spawned children (module level).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
+from host_weight_runtime.runtime import HostWeightRuntime
+
+Payload = tuple[str, tuple[int, ...], bytes]
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderSpec:
+    """One tiny encoder: its class, its config, and what its forward takes."""
+
+    class_name: str
+    config: Callable[[], Any]
+    vision: bool = False
+
+
+def _clip() -> Any:
+    from transformers import CLIPTextConfig
+
+    return CLIPTextConfig(
+        vocab_size=99,
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+        projection_dim=16,
+    )
+
+
+def _t5() -> Any:
+    from transformers import T5Config
+
+    return T5Config(
+        vocab_size=64,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        feed_forward_proj="gated-gelu",
+    )
+
+
+def _umt5() -> Any:
+    from transformers import UMT5Config
+
+    return UMT5Config(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8
+    )
+
+
+def _gemma2() -> Any:
+    from transformers import Gemma2Config
+
+    return Gemma2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+
+
+def _qwen2_5_vl() -> Any:
+    from transformers import Qwen2_5_VLConfig
+
+    return Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": 128,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]},
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 4,
+            "out_hidden_size": 32,
+            "patch_size": 2,
+            "spatial_merge_size": 1,
+            "temporal_patch_size": 1,
+            "window_size": 4,
+            "fullatt_block_indexes": [1],
+        },
+    )
+
+
+def _siglip() -> Any:
+    from transformers import SiglipVisionConfig
+
+    return SiglipVisionConfig(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4, image_size=30, patch_size=6
+    )
+
+
+ENCODERS: dict[str, EncoderSpec] = {
+    "text_encoder": EncoderSpec("CLIPTextModel", _clip),
+    "text_encoder_2": EncoderSpec("T5EncoderModel", _t5),
+    "text_encoder_3": EncoderSpec("CLIPTextModelWithProjection", _clip),
+    "umt5": EncoderSpec("UMT5EncoderModel", _umt5),
+    "gemma2": EncoderSpec("Gemma2Model", _gemma2),
+    "qwen2_5_vl": EncoderSpec("Qwen2_5_VLForConditionalGeneration", _qwen2_5_vl),
+    "image_encoder": EncoderSpec("SiglipVisionModel", _siglip, vision=True),
+}
+"""Subfolder -> encoder; the first two are where a Flux pipeline keeps its CLIP and T5 encoders."""
+
+
+def model_class(subfolder: str) -> type[Any]:
+    import transformers
+
+    found: type[Any] = getattr(transformers, ENCODERS[subfolder].class_name)
+    return found
+
+
+def save_encoder(folder: Path, subfolder: str, *, seed: int) -> Path:
+    """Build the encoder with a fixed seed and save it with `save_pretrained` under `folder/subfolder`."""
+    torch.manual_seed(seed)
+    model = model_class(subfolder)(ENCODERS[subfolder].config())
+    model.save_pretrained(folder / subfolder)
+    return folder / subfolder
+
+
+def save_encoder_pipeline(folder: Path, subfolders: tuple[str, ...] = tuple(ENCODERS), *, seed: int = 0) -> Path:
+    """A pipeline-shaped folder: every encoder in its subfolder and a model_index.json naming each class."""
+    index: dict[str, Any] = {"_class_name": "FluxPipeline", "_diffusers_version": "0.42.1"}
+    for position, subfolder in enumerate(subfolders):
+        save_encoder(folder, subfolder, seed=seed + position)
+        index[subfolder] = ["transformers", ENCODERS[subfolder].class_name]
+    (folder / "model_index.json").write_text(json.dumps(index, indent=2))
+    return folder
+
+
+def forward_inputs(subfolder: str) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(11)
+    if ENCODERS[subfolder].vision:
+        return {"pixel_values": torch.randn(1, 3, 30, 30, generator=generator)}
+    return {"input_ids": torch.randint(0, 60, (1, 7), generator=generator)}
+
+
+def forward(subfolder: str, model: torch.nn.Module) -> torch.Tensor:
+    """The model's first output on fixed inputs (vision inputs in the model's own dtype)."""
+    inputs = forward_inputs(subfolder)
+    if "pixel_values" in inputs:
+        inputs["pixel_values"] = inputs["pixel_values"].to(next(model.parameters()).dtype)
+    with torch.no_grad():
+        output = model(**inputs)
+    first: torch.Tensor = output[0]
+    return first
+
+
+def canonical(folder: Path, subfolder: str, dtype: torch.dtype) -> torch.nn.Module:
+    """Exactly what a transformers user gets: from_pretrained(folder, dtype=...)."""
+    loaded: torch.nn.Module = model_class(subfolder).from_pretrained(str(folder / subfolder), dtype=dtype)
+    return loaded
+
+
+def payload(tensor: torch.Tensor) -> Payload:
+    """A tensor as plain bytes, so it crosses a pipe without torch's shared-memory reductions."""
+    flat = tensor.detach().contiguous()
+    return str(flat.dtype), tuple(flat.shape), flat.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def every_tensor(model: torch.nn.Module) -> dict[str, Payload]:
+    """Every parameter and buffer (tied names too), persistent or not, as raw bytes."""
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    return {name: payload(tensor) for name, tensor in named}
+
+
+def runtime_at(root: Path, mode: RuntimeMode = RuntimeMode.PREFERRED) -> HostWeightRuntime:
+    return HostWeightRuntime(HostWeightRuntimeConfig(mode=mode, root=root))
+
+
+def warm_load_in_child(root: str, folder: str, subfolder: str, conn: Connection) -> None:
+    """A fresh worker: load the encoder at every served dtype and report outcome, every tensor and the output."""
+    import transformers
+
+    from host_weight_runtime.diffusion import load_component
+
+    transformers.logging.set_verbosity_error()
+    reports: list[dict[str, Any]] = []
+    for dtype in DTYPES:
+        with load_component(folder, subfolder=subfolder, runtime=runtime_at(Path(root)), torch_dtype=dtype) as loaded:
+            model = loaded.model
+            live = dict(model.named_parameters(remove_duplicate=False))
+            reports.append(
+                {
+                    "dtype": str(dtype),
+                    "outcome": loaded.outcome.value,
+                    "load_path": loaded.load_path.value,
+                    "identity_key": loaded.identity_key,
+                    "tensors": every_tensor(model),
+                    "output": payload(forward(subfolder, model)),
+                    "compact_output": payload(forward(subfolder, copy.deepcopy(model))),
+                    "training": model.training,
+                    "tied": sorted(
+                        name
+                        for name, tensor in live.items()
+                        if any(other is tensor for o, other in live.items() if o != name)
+                    ),
+                }
+            )
+    conn.send(reports)
