@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from host_weight_runtime import cli
 from host_weight_runtime.config import RuntimeMode
 from host_weight_runtime.diffusion import (
     ComponentHandling,
@@ -277,3 +278,21 @@ def test_a_pipeline_diffusers_cannot_assemble_is_one_usage_error(tmp_path: Path,
     with pytest.raises(HostWeightUsageError) as raised:
         load_pipeline(folder, runtime=runtime_at(tmp_path / "store"))
     assert "FluxPipeline" in str(raised.value) and str(folder) in str(raised.value)
+
+
+def test_hwr_prewarm_of_an_fp16_pipeline_serves_a_required_fp16_load(
+    tmp_path: Path, folders: dict[str, Path], three_workers: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """P02: `hwr prewarm SDXL_FOLDER --dtype float16` builds every weighted component's FP16 artifact; then a
+    REQUIRED `load_pipeline(..., torch_dtype=torch.float16)` is all hits and gives the canonical FP16 image."""
+    store = tmp_path / "store"
+    argv = ["prewarm", str(folders["sdxl"]), "--dtype", "float16", "--root", str(store), "--json"]
+    assert cli.main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    built = {c["name"]: c["outcome"] for c in report["components"] if c["identity_key"] is not None}
+    assert built == dict.fromkeys(("text_encoder", "text_encoder_2", "unet", "vae"), "local_production")
+    runtime = runtime_at(store, RuntimeMode.REQUIRED)
+    with load_pipeline(folders["sdxl"], torch_dtype=torch.float16, runtime=runtime) as loaded:
+        assert set(loaded.outcomes) == set(built)
+        assert set(loaded.outcomes.values()) == {ResolutionOutcome.LOCAL_HIT}
+        assert torch.equal(image(loaded.pipeline, "sdxl"), load_image(three_workers["canonical"]["out"], "sdxl"))

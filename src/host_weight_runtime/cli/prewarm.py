@@ -21,7 +21,7 @@ __all__ = ["register", "run"]
 
 
 def register(commands: Subcommands) -> None:
-    """Add `hwr prewarm MODEL [--subfolder] [--variant] [--revision] [--cache-dir] [--root DIR] [--json]`."""
+    """Add `hwr prewarm MODEL [--subfolder] [--variant] [--dtype] [--revision] [--cache-dir] [--root DIR] [--json]`."""
     sub = add_command(commands, "prewarm", run, "build a model's or a whole pipeline's artifacts from the checkpoint")
     sub.add_argument("model", help="diffusers model or pipeline folder, or a repo id in the local HF cache")
     sub.add_argument(
@@ -31,6 +31,12 @@ def register(commands: Subcommands) -> None:
     )
     sub.add_argument(
         "--variant", default=None, help="weight variant, e.g. fp16 for *.fp16.safetensors (as diffusers' variant=)"
+    )
+    sub.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=("bfloat16", "float16", "float32"),
+        help="the representation to build, as load_component's torch_dtype (default bfloat16)",
     )
     sub.add_argument("--revision", default=None, help="cache revision (branch, tag or commit); default main")
     sub.add_argument("--cache-dir", default=None, metavar="DIR", help="Hugging Face cache (default: $HF_HUB_CACHE)")
@@ -50,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = {
         "subfolder": args.subfolder,
         "variant": args.variant,
+        "torch_dtype": args.dtype,
         "revision": args.revision,
         "runtime": runtime,
         "cache_dir": args.cache_dir,
@@ -108,6 +115,7 @@ def _run_pipeline(args: argparse.Namespace, runtime: HostWeightRuntime) -> int:
     from ..diffusion.pipeline_loader import prewarm_pipeline
 
     kwargs: dict[str, Any] = {
+        "torch_dtype": args.dtype,
         "variant": args.variant,
         "revision": args.revision,
         "runtime": runtime,

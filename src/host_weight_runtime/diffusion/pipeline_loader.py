@@ -27,7 +27,7 @@ from ..failures import FailureCode, HostWeightError, HostWeightUsageError, usage
 from ..outcomes import ResolutionOutcome
 from ..runtime import HostWeightRuntime
 from ._hub_snapshot import hub_snapshot
-from ._load_options import check_load_arguments
+from ._load_options import check_dtype
 from ._model_index import ClassKind, IndexedComponent, ModelIndex, read_model_index
 from ._source_files import select_weight_files
 from .loaded import LoadedComponent
@@ -46,7 +46,7 @@ __all__ = [
 
 # What diffusers raises, deep inside from_pretrained, about a folder it cannot assemble.
 _ASSEMBLY_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, RuntimeError, OSError, ImportError)
-_SERVED_KINDS = (ClassKind.DIFFUSERS_MODEL,)
+_SERVED_KINDS = (ClassKind.DIFFUSERS_MODEL, ClassKind.TRANSFORMERS_MODEL)
 
 
 class ComponentHandling(str, enum.Enum):
@@ -171,8 +171,6 @@ def _unservable_reason(
 ) -> str | None:
     """Why this weighted torch component cannot go through load_component (None when it can)."""
     if component.kind not in _SERVED_KINDS:
-        if component.kind is ClassKind.TRANSFORMERS_MODEL:
-            return "a transformers model: load_component serves diffusers models only so far"
         return f"{component.class_name} is neither a diffusers nor a transformers model"
     try:
         _files, safetensors = select_weight_files(root / component.name, variant, use_safetensors)
@@ -221,21 +219,9 @@ def _plan(
 
 
 def _dtype_refusal(torch_dtype: torch.dtype | str) -> str | None:
-    """Why load_component cannot serve this dtype (None when it can): its own argument check says."""
+    """Why load_component cannot serve this dtype (None when it can): its own dtype check says."""
     try:
-        check_load_arguments(
-            torch_dtype=torch_dtype,
-            dtype=None,
-            variant=None,
-            use_safetensors=None,
-            low_cpu_mem_usage=None,
-            local_files_only=None,
-            device_map=None,
-            output_loading_info=False,
-            disable_mmap=False,
-            parallel=None,
-            extra={},
-        )
+        check_dtype(torch_dtype)
     except HostWeightUsageError as exc:
         return exc.failure.message
     return None
@@ -386,6 +372,7 @@ PipelineProgress = Callable[[str, int, int], None]
 def prewarm_pipeline(
     model_or_path: str | os.PathLike[str],
     *,
+    torch_dtype: torch.dtype | str = torch.bfloat16,
     variant: str | None = None,
     revision: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -394,12 +381,16 @@ def prewarm_pipeline(
 ) -> PipelinePrewarmResult:
     """Build (or find) the artifact of every weighted component straight from its checkpoint.
 
-    Each served component streams through `prewarm_component` (REQUIRED, bounded memory), so
-    afterwards even a first worker's `load_pipeline` is all hits. Components the runtime cannot
-    serve are skipped and their records say why; a failure raises `HostWeightError`.
+    Each served component streams through `prewarm_component` (REQUIRED, bounded memory) in the
+    representation `torch_dtype` names, so afterwards even a first worker's
+    `load_pipeline(..., torch_dtype=...)` is all hits. Components the runtime cannot serve are
+    skipped and their records say why; a failure raises `HostWeightError`.
     """
     root = pipeline_root(model_or_path, revision=revision, cache_dir=cache_dir)
     index = read_model_index(root)
+    refusal = _dtype_refusal(torch_dtype)
+    if refusal is not None:
+        raise usage_error(refusal, argument="torch_dtype")
     records = _plan(index, root, {}, variant=variant, use_safetensors=None, dtype_refusal=None)
     built: dict[str, PrewarmResult] = {}
     for record in records:
@@ -409,6 +400,7 @@ def prewarm_pipeline(
         built[record.name] = prewarm_component(
             model_or_path,
             subfolder=record.name,
+            torch_dtype=torch_dtype,
             variant=variant,
             revision=revision,
             cache_dir=cache_dir,
