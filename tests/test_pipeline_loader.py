@@ -284,15 +284,16 @@ def test_hwr_prewarm_of_an_fp16_pipeline_serves_a_required_fp16_load(
     tmp_path: Path, folders: dict[str, Path], three_workers: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """P02: `hwr prewarm SDXL_FOLDER --dtype float16` builds every weighted component's FP16 artifact; then a
-    REQUIRED `load_pipeline(..., torch_dtype=torch.float16)` is all hits and gives the canonical FP16 image."""
+    fresh REQUIRED `load_pipeline(..., torch_dtype=torch.float16)` is all hits and gives the canonical FP16 image."""
     store = tmp_path / "store"
     argv = ["prewarm", str(folders["sdxl"]), "--dtype", "float16", "--root", str(store), "--json"]
     assert cli.main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     built = {c["name"]: c["outcome"] for c in report["components"] if c["identity_key"] is not None}
     assert built == dict.fromkeys(("text_encoder", "text_encoder_2", "unet", "vae"), "local_production")
-    runtime = runtime_at(store, RuntimeMode.REQUIRED)
-    with load_pipeline(folders["sdxl"], torch_dtype=torch.float16, runtime=runtime) as loaded:
-        assert set(loaded.outcomes) == set(built)
-        assert set(loaded.outcomes.values()) == {ResolutionOutcome.LOCAL_HIT}
-        assert torch.equal(image(loaded.pipeline, "sdxl"), load_image(three_workers["canonical"]["out"], "sdxl"))
+    out = tmp_path / "out"
+    out.mkdir()
+    with spawned_child(images_in_child, {"sdxl": str(folders["sdxl"])}, str(store), str(out), "required") as conn:
+        loaded = recv_within(conn, 600.0)["sdxl"]
+    assert loaded["outcomes"] == dict.fromkeys(built, ResolutionOutcome.LOCAL_HIT.value)
+    assert torch.equal(load_image(out, "sdxl"), load_image(three_workers["canonical"]["out"], "sdxl"))
