@@ -62,7 +62,7 @@ def load_served_pipeline(model: str) -> ServedPipeline:
 
     started = time.perf_counter()
     loaded = load_component(model, subfolder="transformer", torch_dtype=SERVED_DTYPE)
-    pipeline = DiffusionPipeline.from_pretrained(model, transformer=loaded.model, torch_dtype=SERVED_DTYPE)
+    pipeline = DiffusionPipeline.from_pretrained(model, transformer=loaded.model, dtype=SERVED_DTYPE)
     pipeline.set_progress_bar_config(disable=True)
     components: dict[str, dict[str, Any]] = {}
     for name in _weighted_components(pipeline):

@@ -9,6 +9,7 @@ The transformer is the synthetic one of `synthetic_models`, so its contract test
 
 from __future__ import annotations
 
+import importlib
 import json
 import string
 from collections.abc import Callable
@@ -26,10 +27,13 @@ TOKEN_LIMIT = 16
 _LETTERS = string.ascii_lowercase
 
 
+def _module(name: str) -> Any:
+    """diffusers, transformers or tokenizers, typed Any: they are untyped, or typed too loosely for --strict."""
+    return importlib.import_module(name)
+
+
 def _clip_tokenizer(folder: Path) -> Any:
     """A CLIP BPE tokenizer over single letters (no merges): every word is spelled out."""
-    from transformers import CLIPTokenizer
-
     vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
     for letter in _LETTERS:
         vocab[letter] = len(vocab)
@@ -38,18 +42,18 @@ def _clip_tokenizer(folder: Path) -> Any:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
     (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
-    return CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), model_max_length=TOKEN_LIMIT)
+    return _module("transformers").CLIPTokenizer(
+        str(folder / "vocab.json"), str(folder / "merges.txt"), model_max_length=TOKEN_LIMIT
+    )
 
 
 def _t5_tokenizer() -> Any:
     """A T5 tokenizer over a unigram model of single letters."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import T5TokenizerFast
-
+    tokenizers = _module("tokenizers")
     pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [(letter, -1.0) for letter in _LETTERS]
-    backend = Tokenizer(models.Unigram(pieces, unk_id=2))
-    backend.pre_tokenizer = pre_tokenizers.Metaspace()
-    return T5TokenizerFast(
+    backend = tokenizers.Tokenizer(tokenizers.models.Unigram(pieces, unk_id=2))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+    return _module("transformers").T5TokenizerFast(
         tokenizer_object=backend,
         eos_token="</s>",
         unk_token="<unk>",
@@ -60,9 +64,8 @@ def _t5_tokenizer() -> Any:
 
 
 def _clip_encoder(hidden: int, *, projection: int | None, seed: int) -> Any:
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
-    config = CLIPTextConfig(
+    transformers = _module("transformers")
+    config = transformers.CLIPTextConfig(
         vocab_size=2 + 2 * len(_LETTERS),
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -75,14 +78,14 @@ def _clip_encoder(hidden: int, *, projection: int | None, seed: int) -> Any:
         pad_token_id=1,
     )
     torch.manual_seed(seed)
-    model = CLIPTextModel(config) if projection is None else CLIPTextModelWithProjection(config)
+    kind = transformers.CLIPTextModel if projection is None else transformers.CLIPTextModelWithProjection
+    model = kind(config)
     return model.eval()
 
 
 def _t5_encoder(d_model: int, *, seed: int) -> Any:
-    from transformers import T5Config, T5EncoderModel
-
-    config = T5Config(
+    transformers = _module("transformers")
+    config = transformers.T5Config(
         vocab_size=3 + len(_LETTERS),
         d_model=d_model,
         d_kv=8,
@@ -95,36 +98,37 @@ def _t5_encoder(d_model: int, *, seed: int) -> Any:
         eos_token_id=1,
     )
     torch.manual_seed(seed)
-    return T5EncoderModel(config).eval()
+    return transformers.T5EncoderModel(config).eval()
 
 
 def _vae(latent_channels: int, *, seed: int, shift: float, scale: float) -> Any:
-    from diffusers import AutoencoderKL
-
     torch.manual_seed(seed)
-    return AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        latent_channels=latent_channels,
-        norm_num_groups=4,
-        sample_size=16,
-        shift_factor=shift,
-        scaling_factor=scale,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-    ).eval()
+    return (
+        _module("diffusers")
+        .AutoencoderKL(
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+            up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+            block_out_channels=(8, 16),
+            layers_per_block=1,
+            latent_channels=latent_channels,
+            norm_num_groups=4,
+            sample_size=16,
+            shift_factor=shift,
+            scaling_factor=scale,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+        )
+        .eval()
+    )
 
 
 def _flux(folder: Path, seed: int) -> Any:
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
-
+    diffusers = _module("diffusers")
     transformer = build_model("flux", seed=seed)  # in_channels 16 = 4 latent channels packed 2x2
-    return FluxPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=False),
+    return diffusers.FluxPipeline(
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=False),
         vae=_vae(4, seed=seed + 1, shift=0.0609, scale=1.5035),
         text_encoder=_clip_encoder(24, projection=None, seed=seed + 2),  # pooled size = pooled_projection_dim
         tokenizer=_clip_tokenizer(folder / "_clip_vocab"),
@@ -135,11 +139,10 @@ def _flux(folder: Path, seed: int) -> Any:
 
 
 def _sd3(folder: Path, seed: int) -> Any:
-    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
-
+    diffusers = _module("diffusers")
     transformer = build_model("sd3", seed=seed)  # in_channels 8; pooled 24 = 12 + 12; joint 32 = T5 d_model
-    return StableDiffusion3Pipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+    return diffusers.StableDiffusion3Pipeline(
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0),
         vae=_vae(8, seed=seed + 1, shift=0.0609, scale=1.5305),
         text_encoder=_clip_encoder(12, projection=12, seed=seed + 2),
         tokenizer=_clip_tokenizer(folder / "_clip_vocab"),
