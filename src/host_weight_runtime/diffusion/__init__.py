@@ -52,12 +52,26 @@ from .parallel.plan import (
     resolve_tensor_shards,
 )
 from .parallel.ranks import identify_ranks
+from .pipeline_loader import (
+    ComponentHandling,
+    LoadedPipeline,
+    PipelineComponentRecord,
+    PipelinePrewarmResult,
+    load_pipeline,
+    prewarm_pipeline,
+)
 from .producers import FinalLayoutBF16CheckpointProducer, FinalLayoutBF16Producer
 from .restorer import FinalLayoutTensorRestorePlan, FinalLayoutTensorRestorer
 from .source_identity import NodeSourceDigestCache, PreparedWeightSource, WeightSourceKind, prepare_weight_source
 from .tensor_layout import FinalLayoutTensor, TensorOwnership, discover_tensor_ownership
 
 __all__ = [
+    "prewarm_pipeline",
+    "load_pipeline",
+    "PipelinePrewarmResult",
+    "PipelineComponentRecord",
+    "LoadedPipeline",
+    "ComponentHandling",
     "BackgroundPublication",
     "FINAL_LAYOUT_BF16_POLICY",
     "FINAL_LAYOUT_BF16_SPEC",

@@ -281,11 +281,12 @@ def fill_seeded(model: torch.nn.Module, seed: int) -> None:
                     values = torch.empty(tensor.shape, dtype=torch.float32).normal_(mean, std, generator=generator)
                     tensor.copy_(values)
                 filled.add(name)
-    floating = {name for name, tensor in model.state_dict().items() if tensor.is_floating_point()}
-    if filled != floating:
-        raise RuntimeError(
-            f"seeded fill missed {sorted(floating - filled)}: shared or aliased modules are not supported"
-        )
+    # A tied tensor (T5's shared embedding is also encoder.embed_tokens) is filled once, under its first name.
+    state = model.state_dict(keep_vars=True)
+    filled_storage = {state[name].data_ptr() for name in filled}
+    missed = sorted(n for n, t in state.items() if t.is_floating_point() and t.data_ptr() not in filled_storage)
+    if missed:
+        raise RuntimeError(f"seeded fill missed {missed}: a tensor no module owns is not supported")
 
 
 def _tensor_seed(seed: int, name: str) -> int:
