@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from host_weight_runtime import FilesystemHostWeightStore, ResolutionOutcome, ValidationLevel
-from host_weight_runtime.diffusion import load_component
+from host_weight_runtime.diffusion import load_component, load_pipeline
 from host_weight_runtime.tools.mapped_memory import MappedMemory, mapped_file_memory
-from host_weight_runtime.tools.tiny_pipelines import save_tiny_pipeline
+from host_weight_runtime.tools.synthetic_pipelines import save_tiny_pipeline
 from tests._diffusion import runtime_at
 from tests._serve_support import generate, make_lora
 
@@ -28,6 +28,8 @@ pytestmark = [
     pytest.mark.slow,
     # peft warns whenever a second adapter is added to one model, which is what switching adapters needs.
     pytest.mark.filterwarnings("ignore:Already found a `peft_config` attribute:UserWarning"),
+    # load_pipeline hands diffusers `torch_dtype`, which diffusers 0.42 deprecates in favour of `dtype`.
+    pytest.mark.filterwarnings("ignore:`torch_dtype` is deprecated:FutureWarning"),
 ]
 
 REQUEST = {"prompt": "a small red cat", "seed": 11, "steps": 2, "height": 16, "width": 16}
@@ -43,18 +45,18 @@ def _base_tensors(transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _pipelines(folder: Path, root: Path) -> tuple[Any, Any, Any]:
+    """The served pipeline (`load_pipeline`, a local hit for each served component) and a canonical one."""
     from diffusers import DiffusionPipeline
 
     runtime = runtime_at(root)
-    first = load_component(folder, subfolder="transformer", runtime=runtime)
-    first.close()
-    served = load_component(folder, subfolder="transformer", runtime=runtime)
-    assert served.outcome is ResolutionOutcome.LOCAL_HIT
-    pipe = DiffusionPipeline.from_pretrained(folder, transformer=served.model, dtype=torch.bfloat16)
+    load_pipeline(folder, runtime=runtime).close()  # the first worker: canonical load, then publication
+    served = load_pipeline(folder, runtime=runtime)
+    assert served.outcomes["transformer"] is ResolutionOutcome.LOCAL_HIT
+    assert set(served.outcomes.values()) == {ResolutionOutcome.LOCAL_HIT}
     canonical = DiffusionPipeline.from_pretrained(folder, dtype=torch.bfloat16)
-    for pipeline in (pipe, canonical):
+    for pipeline in (served.pipeline, canonical):
         pipeline.set_progress_bar_config(disable=True)
-    return served, pipe, canonical
+    return served, served.pipeline, canonical
 
 
 def _memory(root: Path) -> MappedMemory:
@@ -124,7 +126,7 @@ def test_fused_lora_makes_private_copies_and_never_changes_the_artifact(tmp_path
     after = _memory(root)
     assert after.private_dirty > before.private_dirty, "fusing wrote no private page: did it write to the file?"
 
-    key = served.identity_key
+    key = served.components["transformer"].identity_key
     assert key is not None
     inspection = FilesystemHostWeightStore(root).inspect_artifact(key, validation=ValidationLevel.FULL_CHECKSUM)
     assert inspection.problem is None, inspection.problem

@@ -33,10 +33,6 @@ class ServedPipeline:
             self.closers.pop()()
 
 
-def _weighted_components(pipeline: Any) -> dict[str, Any]:
-    return {name: value for name, value in pipeline.components.items() if isinstance(value, torch.nn.Module)}
-
-
 def import_loading_modules(model: str) -> None:
     """Import what loading `model` needs (diffusers, its pipeline class), so a worker can do it before its turn."""
     import diffusers
@@ -51,23 +47,23 @@ def import_loading_modules(model: str) -> None:
 
 
 def load_served_pipeline(model: str) -> ServedPipeline:
-    """The pipeline at `model` (a folder or cached repo id), its transformer from the node's artifact.
+    """The pipeline at `model` (a folder or cached repo id), every weighted component it can serve from the node's
+    artifacts (`load_pipeline`).
 
     The runtime is configured from `HWR_*` (HWR_MODE, HWR_ROOT, ...). In PREFERRED mode a worker
-    whose domain cannot be used loads canonically and says why in its transformer report.
+    whose domain cannot be used loads canonically and says why in each component's report.
     """
-    from diffusers import DiffusionPipeline
-
-    from host_weight_runtime.diffusion import load_component
+    from host_weight_runtime.diffusion import load_pipeline
 
     started = time.perf_counter()
-    loaded = load_component(model, subfolder="transformer", torch_dtype=SERVED_DTYPE)
-    pipeline = DiffusionPipeline.from_pretrained(model, transformer=loaded.model, dtype=SERVED_DTYPE)
-    pipeline.set_progress_bar_config(disable=True)
+    loaded = load_pipeline(model, torch_dtype=SERVED_DTYPE)
+    loaded.pipeline.set_progress_bar_config(disable=True)
     components: dict[str, dict[str, Any]] = {}
-    for name in _weighted_components(pipeline):
-        if name == "transformer":
-            components[name] = {**loaded.summary(), "attempts": loaded.resolution.to_dict()["attempts"]}
-        else:
-            components[name] = {"load_path": "canonical", "outcome": "not_served", "identity_key": None}
-    return ServedPipeline(pipeline, components, time.perf_counter() - started, [loaded.close])
+    for record in loaded.records:
+        if record.name in loaded.components:
+            served = loaded.components[record.name]
+            attempts = served.resolution.to_dict()["attempts"]
+            components[record.name] = {**record.to_dict(), **served.summary(), "attempts": attempts}
+        elif isinstance(getattr(loaded.pipeline, record.name, None), torch.nn.Module):
+            components[record.name] = {**record.to_dict(), "load_path": "canonical", "outcome": "not_served"}
+    return ServedPipeline(loaded.pipeline, components, time.perf_counter() - started, [loaded.close])
