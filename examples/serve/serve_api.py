@@ -123,6 +123,7 @@ class DiffusionAPI(ls.LitAPI):
             load_s=served.load_s,
             ready_s=time.time() - started_at,
             components=served.components,
+            domain_error=served.domain_error,
             outcomes={name: report["outcome"] for name, report in served.components.items()},
             adapters=sorted(self.config.loras),
         )

@@ -26,6 +26,7 @@ class ServedPipeline:
     components: dict[str, dict[str, Any]]
     load_s: float
     closers: list[Callable[[], None]] = field(default_factory=list)
+    domain_error: dict[str, Any] | None = None  # the runtime's failure when the domain could not be used at all
 
     def close(self) -> None:
         """Release every lease (idempotent); the pipeline must not generate afterwards."""
@@ -50,13 +51,27 @@ def load_served_pipeline(model: str) -> ServedPipeline:
     """The pipeline at `model` (a folder or cached repo id), every weighted component it can serve from the node's
     artifacts (`load_pipeline`).
 
-    The runtime is configured from `HWR_*` (HWR_MODE, HWR_ROOT, ...). In PREFERRED mode a worker
-    whose domain cannot be used loads canonically and says why in each component's report.
+    The runtime is configured from `HWR_*` (HWR_MODE, HWR_ROOT, ...). In PREFERRED mode a miss, a full
+    domain or a damaged artifact already falls back to the canonical load, reported per component. A
+    domain the runtime refuses outright (a root on NFS, or writable by others: a configuration error,
+    which the runtime raises even in PREFERRED) makes this service load canonically all the same, with
+    the runtime disabled, and report the error as `domain_error`: a worker that serves slowly is better
+    than one that does not serve, and /status says why. In REQUIRED mode the error stands.
     """
+    from host_weight_runtime import HostWeightError, HostWeightRuntime, HostWeightRuntimeConfig, RuntimeMode
     from host_weight_runtime.diffusion import load_pipeline
 
     started = time.perf_counter()
-    loaded = load_pipeline(model, torch_dtype=SERVED_DTYPE)
+    runtime = HostWeightRuntime.from_env()
+    domain_error = None
+    try:
+        loaded = load_pipeline(model, torch_dtype=SERVED_DTYPE, runtime=runtime)
+    except HostWeightError as exc:
+        if runtime.config.mode is not RuntimeMode.PREFERRED:
+            raise
+        domain_error = exc.failure.to_dict()
+        disabled = HostWeightRuntime(HostWeightRuntimeConfig(mode=RuntimeMode.DISABLED))
+        loaded = load_pipeline(model, torch_dtype=SERVED_DTYPE, runtime=disabled)
     loaded.pipeline.set_progress_bar_config(disable=True)
     components: dict[str, dict[str, Any]] = {}
     for record in loaded.records:
@@ -66,4 +81,5 @@ def load_served_pipeline(model: str) -> ServedPipeline:
             components[record.name] = {**record.to_dict(), **served.summary(), "attempts": attempts}
         elif isinstance(getattr(loaded.pipeline, record.name, None), torch.nn.Module):
             components[record.name] = {**record.to_dict(), "load_path": "canonical", "outcome": "not_served"}
-    return ServedPipeline(loaded.pipeline, components, time.perf_counter() - started, [loaded.close])
+    elapsed = time.perf_counter() - started
+    return ServedPipeline(loaded.pipeline, components, elapsed, [loaded.close], domain_error=domain_error)
