@@ -183,6 +183,7 @@ class DiffusionAPI(ls.LitAPI):
         if served is None:
             raise HTTPException(status_code=503, detail="this worker has no pipeline loaded")
         pipeline = served.pipeline
+        started = time.perf_counter()
         if self.config.loras:
             if request["adapter"] is None:
                 pipeline.disable_lora()
@@ -200,6 +201,9 @@ class DiffusionAPI(ls.LitAPI):
                 output_type="pt",
                 **self.config.call_kwargs,
             ).images
+        if not self.status["requests"]:
+            self.status["first_predict_s"] = time.perf_counter() - started
+            self.status["first_response_s"] = time.time() - float(self.status["process_started_at"])
         self.status["requests"] = int(self.status["requests"]) + 1
         self._publish()
         return {"image": encode_image(image), "seed": request["seed"], "adapter": request["adapter"]}
