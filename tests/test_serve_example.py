@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from host_weight_runtime import FilesystemHostWeightStore
+from host_weight_runtime.tools.bench.serve import stop_service
 from host_weight_runtime.tools.mapped_memory import mapped_file_memory, total_mapped_memory
 from host_weight_runtime.tools.synthetic_pipelines import save_tiny_pipeline
 from tests._serve_support import CALL_KWARGS, SERVE_EXAMPLE, make_lora
@@ -151,21 +152,19 @@ def _start(tmp: Path, model: Path, root: Path, *, workers: int, extra: list[str]
             service.seen["while_loading"] = _http("POST", service.url + "/predict", REQUESTS[0])
             service.seen["health_while_loading"] = _http("GET", service.url + "/health")[0]
             service.seen["status_while_loading"] = loading
+    except BaseException:
+        stop_service(process, timeout_s=90)
+        raise
     finally:
         lock.close()  # releases the flock: the workers load
     return service
 
 
 def _stop(service: Service, signum: int = signal.SIGTERM) -> int:
-    if service.process.poll() is None:
-        service.process.send_signal(signum)
-        try:
-            return service.process.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            service.process.kill()
-            service.process.wait(timeout=30)
-            pytest.fail(f"the service did not stop within 90 s of {signal.Signals(signum).name}:\n{service.tail()}")
-    return int(service.process.returncode)
+    try:
+        return stop_service(service.process, signum, timeout_s=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the service did not stop within 90 s of {signal.Signals(signum).name}:\n{service.tail()}")
 
 
 @pytest.fixture(scope="module")
@@ -209,9 +208,7 @@ def service(setup: dict[str, Any]) -> Iterator[Service]:
         started.wait_for("all workers ready", _all_ready, START_TIMEOUT_S)
         yield started
     finally:
-        if started.process.poll() is None:
-            started.process.kill()
-            started.process.wait(timeout=30)
+        stop_service(started.process, timeout_s=90)
 
 
 def _served(worker: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -12,6 +12,7 @@ artifact files with safetensors (`bare mmap time to ready`) plus one canonical i
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
@@ -31,7 +32,7 @@ from ..mapped_memory import total_mapped_memory
 from ..synthetic_pipelines import PROMPT, T5_MAX_LENGTH, save_proportional_flux_pipeline
 from .measure import memory_rollup
 
-__all__ = ["ServeBenchOptions", "run_serve_bench", "serve_markdown"]
+__all__ = ["ServeBenchOptions", "run_serve_bench", "serve_markdown", "stop_service"]
 
 _REPO = Path(__file__).resolve().parents[4]
 _START_TIMEOUT_S = 900.0
@@ -80,6 +81,40 @@ def _environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": source if not path else f"{source}{os.pathsep}{path}"}
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (children first found, then theirs), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, pending = [], [pid]
+    while pending:
+        below = children.get(pending.pop(), [])
+        found += below
+        pending += below
+    return found
+
+
+def stop_service(process: subprocess.Popen[bytes], signum: int = signal.SIGTERM, timeout_s: float = 120.0) -> int:
+    """Stop the example service with `signum` and wait; if it does not stop in time, SIGKILL it and everything
+    it started (LitServe's manager, HTTP and worker processes would otherwise outlive it). Returns its exit code."""
+    if process.poll() is None:
+        process.send_signal(signum)
+        try:
+            return process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for pid in [*_descendants(process.pid), process.pid]:
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    os.kill(pid, signal.SIGKILL)
+            process.wait(timeout=30)
+            raise
+    return int(process.returncode)
+
+
 class _Service:
     """One run of the example service, stopped with SIGTERM."""
 
@@ -116,14 +151,10 @@ class _Service:
         raise RuntimeError(f"the example service was not ready within {_START_TIMEOUT_S:.0f} s: {self._tail()}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=30)
-        self.log.close()
+        try:
+            stop_service(self.process)
+        finally:
+            self.log.close()
 
     def _tail(self) -> str:
         self.log.seek(0)
