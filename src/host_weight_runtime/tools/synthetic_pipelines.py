@@ -416,5 +416,7 @@ def save_proportional_flux_pipeline(root: Path, *, transformer_bytes: int, seed:
     )
     components["text_encoder_2"] = _seeded(transformers.T5EncoderModel(t5_config), seed + 3)
     components["text_encoder"] = _clip(seed + 2, int(config["pooled_projection_dim"]))
+    # Flux packs 2x2 latent patches: the VAE's latent channels are the transformer's in_channels / 4.
+    components["vae"] = _vae(seed + 1, int(config["in_channels"]) // 4, shift=0.1)
     diffusers.FluxPipeline(**components).save_pretrained(str(root), safe_serialization=True)
     return root
