@@ -22,12 +22,13 @@ from host_weight_runtime.diffusion import (
     FinalLayoutRequest,
     ImplementationIdentity,
     build_final_layout_identity,
+    build_skeleton,
     prepare_weight_source,
 )
-from host_weight_runtime.diffusion.loader import _ComponentPipeline, build_skeleton
 from host_weight_runtime.diffusion.parallel.bundle import FinalLayoutBF16BundleProducer
 from host_weight_runtime.diffusion.parallel.ranks import identify_ranks
 from host_weight_runtime.diffusion.producers.checkpoint_stream import FinalLayoutBF16CheckpointProducer
+from host_weight_runtime.diffusion.skeleton import ComponentHolder
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.protocols import BuildRequest, WeightProducer
 from host_weight_runtime.tensors import ValidationLevel
@@ -62,7 +63,7 @@ def bundle_vs_tp1(folder: Path, tp: int, work: Path) -> tuple[float, float]:
     model_class = diffusers.FluxTransformer2DModel
     request = FinalLayoutRequest(model_id="bench", loader=_LOADER)
     skeleton = build_skeleton(model_class, source.resolved_root, str(folder))
-    holder = _ComponentPipeline()
+    holder = ComponentHolder()
     holder.add_module("transformer", skeleton)
     tp1 = build_final_layout_identity(
         holder,
@@ -73,7 +74,7 @@ def bundle_vs_tp1(folder: Path, tp: int, work: Path) -> tuple[float, float]:
     )
     single = _build_seconds(work / f"tp1-{tp}", FinalLayoutBF16CheckpointProducer(tp1))
     skeleton = build_skeleton(model_class, source.resolved_root, str(folder))
-    holder = _ComponentPipeline()
+    holder = ComponentHolder()
     holder.add_module("transformer", skeleton)
     contexts = identify_ranks(
         holder,

@@ -26,9 +26,9 @@ from host_weight_runtime.diffusion import (
     ImplementationIdentity,
     PreparedWeightSource,
     build_final_layout_identity,
+    build_skeleton,
     prepare_weight_source,
 )
-from host_weight_runtime.diffusion.loader import build_skeleton
 from host_weight_runtime.outcomes import PostLoadPublicationReport
 from host_weight_runtime.runtime import HostWeightRuntime
 from host_weight_runtime.tools.synthetic_models import save_pipeline_folder, tiny_spec

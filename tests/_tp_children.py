@@ -21,9 +21,9 @@ from host_weight_runtime.diffusion import (
     TensorParallelPlan,
 )
 from host_weight_runtime.diffusion.identity_adapter import FinalLayoutIdentityContext
-from host_weight_runtime.diffusion.loader import quantize_model_fp8
 from host_weight_runtime.diffusion.parallel.bundle import FinalLayoutBF16BundleProducer
 from host_weight_runtime.diffusion.parallel.ranks import identify_ranks
+from host_weight_runtime.diffusion.representation import quantize_model_fp8
 from host_weight_runtime.failures import HostWeightError
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.protocols import BuildRequest

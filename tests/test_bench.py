@@ -248,6 +248,7 @@ def _run_bench(out: Path) -> int:
             "3",
             "--no-cold-cache",
             "--no-huge-pages",
+            "--no-pipeline",
             "--tp",
             "2",
             "--out",
@@ -447,7 +448,9 @@ def _bench_until_paused(workdir: str, conn: Connection) -> None:
         conn.recv()  # never answered: the test terminates this process here
 
     arm("bench.before_rows", Fault(FaultAction.PAUSE, hook=pause))
-    options = BenchOptions(size_gib=0.02, runs=1, workers=1, cold_starters=1, cold_cache=False, workdir=Path(workdir))
+    options = BenchOptions(
+        size_gib=0.02, runs=1, workers=1, cold_starters=1, cold_cache=False, workdir=Path(workdir), pipeline_rows=False
+    )
     run_bench(options)
 
 

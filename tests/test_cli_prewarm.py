@@ -17,7 +17,7 @@ import torch
 
 from host_weight_runtime import cli
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
-from host_weight_runtime.diffusion.loader import ComponentLoadPath, load_component
+from host_weight_runtime.diffusion import ComponentLoadPath, load_component
 from host_weight_runtime.outcomes import ResolutionOutcome
 from host_weight_runtime.runtime import HostWeightRuntime
 from host_weight_runtime.tools.synthetic_models import (
@@ -146,17 +146,36 @@ def test_prewarm_of_a_missing_path_fails_in_one_line(tmp_path: Path, capsys: pyt
     assert _artifact_keys(root) == []
 
 
-def test_prewarm_of_a_pipeline_without_subfolder_is_a_usage_error(
+def test_prewarm_of_a_pipeline_without_subfolder_prewarms_every_component(
     tmp_path: Path, pipeline: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """D14: pointing prewarm at a pipeline folder without --subfolder exits 2 with one line that says
-    the folder has no config.json and suggests the component subfolder."""
+    """P02: `hwr prewarm PIPELINE` without --subfolder streams every weighted component of model_index.json
+    (here the transformer) and prints one JSON record per component; a second run finds every artifact."""
     root = tmp_path / "domain"
-    assert cli.main(["prewarm", str(pipeline), "--root", str(root)]) == 2
+    first = _prewarm_json(capsys, str(pipeline), "--root", str(root))
+    served = [component for component in first["components"] if component["identity_key"] is not None]
+    assert [component["name"] for component in served] == [SUBFOLDER]
+    assert served[0]["outcome"] == ResolutionOutcome.LOCAL_PRODUCTION.value and served[0]["handling"] == "served"
+    assert _artifact_keys(root) == [served[0]["identity_key"]]
+    second = _prewarm_json(capsys, str(pipeline), "--root", str(root))
+    assert [c["outcome"] for c in second["components"] if c["identity_key"]] == [ResolutionOutcome.LOCAL_HIT.value]
+    runtime = HostWeightRuntime(HostWeightRuntimeConfig(mode=RuntimeMode.PREFERRED, root=root))
+    with load_component(pipeline, subfolder=SUBFOLDER, runtime=runtime) as loaded:
+        assert loaded.outcome is ResolutionOutcome.LOCAL_HIT and loaded.identity_key == served[0]["identity_key"]
+
+
+def test_prewarm_of_a_folder_that_is_neither_model_nor_pipeline_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """D14: a folder with neither config.json nor model_index.json exits 2 with one line naming config.json."""
+    folder = tmp_path / "empty-folder"
+    folder.mkdir()
+    root = tmp_path / "domain"
+    assert cli.main(["prewarm", str(folder), "--root", str(root)]) == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1, captured.err
-    assert "config.json" in lines[0] and "transformer" in lines[0]
+    assert "config.json" in lines[0]
     assert _artifact_keys(root) == []
 
 

@@ -14,8 +14,8 @@ import torch
 
 from host_weight_runtime._faults import Fault, FaultAction, armed
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
-from host_weight_runtime.diffusion import BackgroundPublication
-from host_weight_runtime.diffusion.loader import BACKGROUND_NICE_INCREMENT, ComponentLoadPath, load_component
+from host_weight_runtime.diffusion import BackgroundPublication, ComponentLoadPath, load_component
+from host_weight_runtime.diffusion.background import BACKGROUND_NICE_INCREMENT
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import AttemptResult, ResolutionOutcome
 from host_weight_runtime.runtime import HostWeightRuntime

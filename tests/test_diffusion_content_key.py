@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from host_weight_runtime.diffusion import load_component
+from host_weight_runtime.diffusion import ComponentLoadPath, LoadedComponent, load_component
 from host_weight_runtime.diffusion._source_snapshot import key_content_id
-from host_weight_runtime.diffusion.loader import ComponentLoadPath, LoadedComponent
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
 from host_weight_runtime.tools.synthetic_models import (

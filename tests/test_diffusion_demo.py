@@ -1,4 +1,4 @@
-"""`hwr demo`: a real Flux transformer loaded canonical, cold and warm in fresh processes, with parity checks."""
+"""`hwr demo` (P01, P02): a whole Flux pipeline loaded canonical, cold and warm in fresh processes, with parity checks."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from host_weight_runtime.tools.demo_diffusers import FluxDemoReport, FluxDemoRow
 from host_weight_runtime.tools.demo_store import DemoError
 
 SIZE_MIB = "8"
+WEIGHTED = ("text_encoder", "text_encoder_2", "transformer", "vae")
 
 
 def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any], str]:
@@ -32,9 +33,9 @@ def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
 
 @pytest.mark.slow
 def test_demo_loads_canonical_cold_and_warm_with_bit_identical_outputs(capsys: pytest.CaptureFixture[str]) -> None:
-    """canonical is plain from_pretrained, cold falls back and publishes, both warm workers hit the artifact;
-    every forward output equals the canonical reference, memory was read while loaded, and the checkpoint
-    folder and the tmpfs domain are gone afterwards."""
+    """P01/P02: canonical is plain DiffusionPipeline.from_pretrained, cold falls back and publishes every weighted
+    component, both warm workers hit every one; every image equals the canonical reference, memory was read while
+    loaded, and the pipeline folder and the tmpfs domain are gone afterwards."""
     status, report, _ = _run_cli(["demo", "--size-mib", SIZE_MIB, "--workers", "2", "--json"], capsys)
 
     assert status == 0
@@ -48,6 +49,8 @@ def test_demo_loads_canonical_cold_and_warm_with_bit_identical_outputs(capsys: p
         assert rows[name]["outcome"] == "local_hit" and rows[name]["load_path"] == "artifact"
         assert rows[name]["artifact_bytes"] == report["artifact_bytes"] > 0
         assert rows[name]["artifact_pss_bytes"] > 0
+        assert rows[name]["components"] == dict.fromkeys(WEIGHTED, "local_hit")
+    assert rows["cold"]["components"] == dict.fromkeys(WEIGHTED, "canonical_fallback")
     assert len({row["pid"] for row in rows.values()}) == 4
     touched = {row["touched_pages"] for row in rows.values()}
     assert len(touched) == 1 and touched.pop() > 0  # the same touch pass over the same tensors in every row

@@ -16,14 +16,15 @@ import torch
 
 from host_weight_runtime.config import RuntimeMode
 from host_weight_runtime.diffusion import (
+    ComponentLoadPath,
     FinalLayoutFP8Producer,
     FinalLayoutFP8Restorer,
     FP8Linear,
     HostWeightUsageError,
     load_component,
 )
-from host_weight_runtime.diffusion.loader import ComponentLoadPath, quantize_model_fp8
 from host_weight_runtime.diffusion.parallel.plan import localize_module
+from host_weight_runtime.diffusion.representation import quantize_model_fp8
 from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
 from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
 

@@ -28,7 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from host_weight_runtime.canonical_json import CanonicalJson, JsonValue
-from host_weight_runtime.diffusion import loader, models
+from host_weight_runtime.diffusion import build_skeleton, models
 from host_weight_runtime.diffusion.contracts import (
     FINAL_LAYOUT_BF16_POLICY,
     FINAL_LAYOUT_BF16_SPEC,
@@ -111,7 +111,7 @@ def _contract_digest(context: FinalLayoutIdentityContext) -> str:
 def _skeleton(kind: str, folder: Path) -> torch.nn.Module:
     """The `meta` skeleton load_component builds before it loads anything."""
     source = _source(folder)
-    return loader.build_skeleton(tiny_spec(kind).model_class(), source.resolved_root, str(folder))
+    return build_skeleton(tiny_spec(kind).model_class(), source.resolved_root, str(folder))
 
 
 def _skeleton_key(kind: str, folder: Path) -> tuple[str, bytes]:

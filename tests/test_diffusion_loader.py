@@ -20,9 +20,8 @@ import torch
 
 from host_weight_runtime import cli
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
-from host_weight_runtime.diffusion import models
+from host_weight_runtime.diffusion import ComponentLoadPath, LoadedComponent, load_component, models
 from host_weight_runtime.diffusion.contracts import FinalLayoutParallelIdentity
-from host_weight_runtime.diffusion.loader import ComponentLoadPath, LoadedComponent, load_component
 from host_weight_runtime.failures import FailureCode, HostWeightError, ResolutionStage
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.lease import HostWeightLease

@@ -185,7 +185,7 @@ def test_fp8_ranks_publish_then_hit_with_reference_shards_and_identical_forward(
     slice of the reference per-tensor quantization of the canonical BF16 weight, with the full tensor's
     scale; the parallelized FP8 forward is bit-identical warm vs cold and matches the unsharded FP8 forward
     within BF16 tolerance."""
-    from host_weight_runtime.diffusion.loader import quantize_model_fp8
+    from host_weight_runtime.diffusion.representation import quantize_model_fp8
 
     from .test_diffusion_fp8 import reference_fp8
 

@@ -44,3 +44,21 @@ def test_readme_diffusers_example_runs_as_written(tmp_path: Path) -> None:
     second = _run(script, root).split()
     assert first[:2] == ["canonical_fallback", "canonical"]
     assert second[:2] == ["local_hit", "artifact"]
+
+
+def test_readme_pipeline_example_runs_as_written(tmp_path: Path) -> None:
+    """P01/P02: the README's load_pipeline example, with the repo id swapped for a tiny real Flux pipeline folder:
+    the first fresh process loads every weighted component canonically (and publishes), the second hits each."""
+    from host_weight_runtime.tools.synthetic_pipelines import save_tiny_pipeline
+
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.DOTALL)
+    chosen = [block for block in blocks if "load_pipeline(" in block]
+    assert chosen and EXAMPLE_MODEL in chosen[0]
+    pipeline = save_tiny_pipeline(tmp_path / "pipeline", "flux")
+    script = tmp_path / "example.py"
+    script.write_text(chosen[0].replace(EXAMPLE_MODEL, repr(str(pipeline))), encoding="utf-8")
+    root = tmp_path / "domain"
+    runs = [{line.split()[0]: line.split()[1:] for line in _run(script, root).splitlines()} for _ in range(2)]
+    for run, outcome in zip(runs, ("canonical_fallback", "local_hit"), strict=True):
+        assert run["transformer"][:2] == ["served", outcome] and run["vae"][:2] == ["served", outcome]
+        assert run["tokenizer"] == ["unweighted"] and run["scheduler"] == ["unweighted"]

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from host_weight_runtime import FailureCode, HostWeightError, LeaseSource, ResolutionOutcome, ResolutionStage
-from host_weight_runtime.diffusion.loader import ComponentLoadPath, load_component
+from host_weight_runtime.diffusion import ComponentLoadPath, load_component
 from host_weight_runtime.outcomes import AttemptResult, PostLoadPublicationStatus
 from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward, save_pipeline_folder, tiny_spec
 

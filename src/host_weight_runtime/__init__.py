@@ -85,8 +85,7 @@ from .filesystem.garbage import (
 )
 from .filesystem.inspection import DomainUsage
 from .metrics import HostWeightMetrics, MetricsUnavailableError, register_metrics, start_metrics_server
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "IDENTITY_SCHEMA_VERSION",

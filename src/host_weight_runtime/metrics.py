@@ -27,12 +27,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _telemetry
-from .config import RuntimeMode
+from .config import HostWeightRuntimeConfig, RuntimeMode
 from .failures import HostWeightError, HostWeightFailure, ResolutionStage
 from .outcomes import (
     AttemptAction,
@@ -46,19 +46,28 @@ if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
     from .filesystem.store import FilesystemHostWeightStore
-    from .runtime import HostWeightRuntime
 
 __all__ = [
     "LATENCY_BUCKETS",
     "NO_FAILURE",
     "HostWeightMetrics",
     "MetricsUnavailableError",
+    "ObservableRuntime",
     "metrics_server_address",
     "record_restore",
     "register_metrics",
     "serve_runtime_metrics",
     "start_metrics_server",
 ]
+
+class ObservableRuntime(Protocol):
+    """What the metrics need of a runtime (`HostWeightRuntime` is one): its configuration and its reports."""
+
+    @property
+    def config(self) -> HostWeightRuntimeConfig: ...
+
+    def add_observer(self, observer: Callable[[ResolutionReport | PostLoadPublicationReport], None]) -> None: ...
+
 
 _LOG = logging.getLogger("host_weight_runtime.metrics")
 
@@ -199,7 +208,7 @@ class HostWeightMetrics:
         self._guard = threading.Lock()
         _telemetry.add_listener(self._on_event)
 
-    def attach(self, runtime: HostWeightRuntime) -> None:
+    def attach(self, runtime: ObservableRuntime) -> None:
         """Observe `runtime`'s reports (once per runtime)."""
         with self._guard:
             if id(runtime) in self._attached:
@@ -260,7 +269,7 @@ class DomainCollector:
         return ()  # computed on scrape; registering must not read the domain
 
     def _store(self, root: Path) -> FilesystemHostWeightStore | None:
-        from .filesystem._layout import DomainLayout
+        from .filesystem import DomainLayout
         from .filesystem.store import FilesystemHostWeightStore
 
         with self._guard:
@@ -328,7 +337,7 @@ _guard = threading.Lock()
 def register_metrics(
     registry: CollectorRegistry | None = None,
     *,
-    runtime: HostWeightRuntime | None = None,
+    runtime: ObservableRuntime | None = None,
     domain_root: Path | None = None,
 ) -> HostWeightMetrics:
     """Add the runtime's metrics to `registry` (default: prometheus_client's REGISTRY) and feed them.
@@ -400,7 +409,7 @@ def metrics_server_address() -> tuple[str, int] | None:
         return (_server[0][0], _server[0][1]) if _server else None
 
 
-def serve_runtime_metrics(runtime: HostWeightRuntime) -> tuple[str, int] | None:
+def serve_runtime_metrics(runtime: ObservableRuntime) -> tuple[str, int] | None:
     """What HWR_METRICS_PORT does: start this process's endpoint if needed and feed it `runtime`.
 
     Never fails the caller: a missing prometheus_client or a port another process already

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..config import ENV_ROOT, HostWeightRuntimeConfig, default_root
 from ..failures import FailureCode
-from ..filesystem._layout import DomainLayout, check_key
+from ..filesystem import DomainLayout, check_key
 from ..filesystem.store import FilesystemHostWeightStore
 from ._output import ReportedError, UsageError, short_key
 

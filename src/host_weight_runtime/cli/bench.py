@@ -48,6 +48,7 @@ def register(commands: Subcommands) -> None:
     )
     sub.add_argument("--no-cold-cache", action="store_true", help="skip the page-cache-cold runs")
     sub.add_argument("--no-huge-pages", action="store_true", help="do not mount a huge-page tmpfs")
+    sub.add_argument("--no-pipeline", action="store_true", help="skip the whole-pipeline rows")
     sub.add_argument(
         "--workdir", type=Path, default=None, metavar="DIR", help="disk folder for the checkpoint (default /var/tmp)"
     )
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         huge_pages=not args.no_huge_pages,
         workdir=args.workdir,
         tensor_parallel_sizes=tuple(args.tp) if args.tp is not None else defaults.tensor_parallel_sizes,
+        pipeline_rows=not args.no_pipeline,
     )
     out_dir: Path = args.out if args.out is not None else _default_results_dir()
     if not out_dir.is_dir():

@@ -1,4 +1,4 @@
-"""`hwr demo`: a real Flux transformer loaded canonically, cold and warm (or, with --synthetic, the store alone)."""
+"""`hwr demo`: a real Flux pipeline loaded canonically, cold and warm (or, with --synthetic, the store alone)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def register(commands: Subcommands) -> None:
         commands,
         "demo",
         run,
-        "load a real diffusers Flux transformer canonically, cold and warm in fresh processes: time, memory, parity",
+        "load a whole diffusers Flux pipeline canonically, cold and warm in fresh processes: time, memory, parity",
     )
     sub.add_argument(
         "--synthetic", action="store_true", help="the synthetic demo instead: publish once, lease from fresh workers"
@@ -105,9 +105,9 @@ def _run_flux(args: argparse.Namespace) -> int:
     try:
         if not args.json:
             stderr_console().print(
-                f"building a {size_mib} MiB FP32 Flux transformer checkpoint, then loading it in fresh processes: "
-                f"canonical from_pretrained, cold load_component, {args.workers} warm load_component "
-                "(a temporary tmpfs domain under /dev/shm)..."
+                f"building a Flux pipeline folder with a {size_mib} MiB FP32 transformer, then loading the whole "
+                f"pipeline in fresh processes: canonical DiffusionPipeline.from_pretrained, cold load_pipeline, "
+                f"{args.workers} warm load_pipeline (a temporary tmpfs domain under /dev/shm)..."
             )
         report = run_demo(size_mib=size_mib, workers=args.workers)
     except DemoError as exc:
@@ -117,6 +117,10 @@ def _run_flux(args: argparse.Namespace) -> int:
     else:
         console = stdout_console()
         console.print(report_table(report))
+        for row in report.rows:
+            if row.components:
+                shown = ", ".join(f"{name} {outcome}" for name, outcome in sorted(row.components.items()))
+                console.print(Text(f"{row.path}: {shown}"))
         console.print(Text(summary_line(report)))
         for row in report.rows:
             if row.failure is not None:

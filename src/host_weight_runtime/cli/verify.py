@@ -10,7 +10,6 @@ from pathlib import Path
 
 from rich.text import Text
 
-from ..filesystem._verify import VerificationLedger
 from ..filesystem.inspection import ArtifactInspection, ArtifactState
 from ..tensors import ValidationLevel
 from ._command import Subcommands, add_command
@@ -59,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = store.inspect_artifact(key, validation=validation, deadline=deadline)
     verified = result.state is ArtifactState.READY and result.problem is None
-    record = VerificationLedger(store.layout).read(key)
+    record = store.background_verification(key)
     background = (
         record is not None and result.publication_id is not None and record.publication_id == result.publication_id
     )

@@ -7,6 +7,7 @@ for loaders that assemble pipelines themselves.
 
 from ..failures import HostWeightUsageError
 from . import contracts, fp8, identity_adapter, producers, restorer, source_identity, tensor_layout
+from .background import BackgroundPublication
 from .contracts import (
     FINAL_LAYOUT_BF16_POLICY,
     FINAL_LAYOUT_BF16_SPEC,
@@ -20,6 +21,7 @@ from .contracts import (
     ImplementationIdentity,
     implementation_abi_fingerprint,
 )
+from .diffusers_family import build_skeleton
 from .fp8 import (
     FINAL_LAYOUT_FP8_POLICY,
     FINAL_LAYOUT_FP8_SPEC,
@@ -29,15 +31,8 @@ from .fp8 import (
     FP8Linear,
 )
 from .identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity
-from .loader import (
-    BackgroundPublication,
-    ComponentLoadPath,
-    LoadedComponent,
-    PrewarmResult,
-    build_skeleton,
-    load_component,
-    prewarm_component,
-)
+from .loaded import LoadedComponent
+from .loader import load_component, prewarm_component
 from .models import FIRST_CLASS_CONTRACTS, ModelNotReadyError, contract_for_model
 from .parallel.bundle import FinalLayoutBF16BundleProducer
 from .parallel.loader import prewarm_tensor_parallel
@@ -61,6 +56,7 @@ from .pipeline_loader import (
     prewarm_pipeline,
 )
 from .producers import FinalLayoutBF16CheckpointProducer, FinalLayoutBF16Producer
+from .reports import ComponentLoadPath, PrewarmResult
 from .restorer import FinalLayoutTensorRestorePlan, FinalLayoutTensorRestorer
 from .source_identity import NodeSourceDigestCache, PreparedWeightSource, WeightSourceKind, prepare_weight_source
 from .tensor_layout import FinalLayoutTensor, TensorOwnership, discover_tensor_ownership

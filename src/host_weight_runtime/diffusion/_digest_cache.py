@@ -26,7 +26,7 @@ from pathlib import Path
 from .._faults import fault_point
 from ..canonical_json import CanonicalJson, JsonValue, decode_json, encode_canonical
 from ..failures import HostWeightError, ResolutionStage
-from ..filesystem._fsutil import read_small_file, write_file_atomic
+from ..filesystem import read_small_file, write_file_atomic
 from ..filesystem.locks import acquire_lock
 from ._file_state import FileState, check_state, hash_file
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from .._faults import fault_point
 from ..canonical_json import JsonValue
 from ..failures import FailureCode, HostWeightError, ResolutionStage, raise_failure
-from ..filesystem._fsutil import failure_from_os_error
+from ..filesystem import failure_from_os_error
 
 _READ_CHUNK_BYTES = 8 * 1024 * 1024
 

@@ -26,6 +26,7 @@ from ..identity import (
 from .contracts import (
     FinalLayoutArtifactSpec,
     FinalLayoutModelContract,
+    FinalLayoutParallelIdentity,
     FinalLayoutRequest,
     FinalLayoutTensorPolicy,
 )
@@ -161,42 +162,13 @@ def build_final_layout_identity(
         fingerprint=source.fingerprint,
         metadata=CanonicalJson.from_value(source.to_metadata()),
     )
-    dits: list[JsonValue] = [
-        {"name": name, "contract": contract.to_dict()}
-        for (name, _module), contract in zip(dit_modules, contracts, strict=True)
-    ]
-    component = ComponentIdentity(
-        name=spec.component_name,
-        ownership=spec.component_ownership,
-        metadata=CanonicalJson.from_value(
-            {
-                "dits": dits,
-                "loader": _json(request.loader.to_dict()),
-                "load_format": request.load_format,
-                "model_contract_schema": spec.model_contract_schema,
-                "tensor_contract": ownership.contract_digest,
-                "tensor_count": len(ownership.tensors),
-            }
-        ),
-    )
+    component = _component_identity(spec, dit_modules, contracts, request, ownership)
     representation = WeightRepresentation(
         name=spec.representation.name,
         dtype=spec.representation.dtype,
         metadata=CanonicalJson.from_value({**_mapping(spec.representation.metadata), "policy": policy.to_dict()}),
     )
-    parallel = request.parallel
-    layout = RuntimeWeightLayout(
-        name=spec.layout_name,
-        tensor_parallel_size=parallel.tensor_parallel_size,
-        tensor_parallel_rank=parallel.tensor_parallel_rank,
-        sequence_parallel_size=parallel.sequence_parallel_size,
-        sequence_parallel_backend=parallel.sequence_parallel_backend,
-        metadata=CanonicalJson.from_value(
-            {**parallel.layout_metadata(), "tensor_parallel_plan": tensor_parallel_plan.to_dict()}
-            if tensor_parallel_plan is not None
-            else parallel.layout_metadata()
-        ),
-    )
+    layout = _layout(spec, request.parallel, tensor_parallel_plan)
     identity = WeightArtifactIdentity(
         schema_version=IDENTITY_SCHEMA_VERSION,
         source=source_identity,
@@ -220,6 +192,52 @@ def build_final_layout_identity(
         tensors=ownership.tensors,
         tensor_sources=bindings,
         tensor_shards=dict(tensor_shards or {}),
+    )
+
+
+def _component_identity(
+    spec: FinalLayoutArtifactSpec,
+    dit_modules: Sequence[tuple[str, torch.nn.Module]],
+    contracts: Sequence[FinalLayoutModelContract],
+    request: FinalLayoutRequest,
+    ownership: TensorOwnership,
+) -> ComponentIdentity:
+    """What the artifact serves: each DiT's contract, the loader, and the tensor contract."""
+    dits: list[JsonValue] = [
+        {"name": name, "contract": contract.to_dict()}
+        for (name, _module), contract in zip(dit_modules, contracts, strict=True)
+    ]
+    return ComponentIdentity(
+        name=spec.component_name,
+        ownership=spec.component_ownership,
+        metadata=CanonicalJson.from_value(
+            {
+                "dits": dits,
+                "loader": _json(request.loader.to_dict()),
+                "load_format": request.load_format,
+                "model_contract_schema": spec.model_contract_schema,
+                "tensor_contract": ownership.contract_digest,
+                "tensor_count": len(ownership.tensors),
+            }
+        ),
+    )
+
+
+def _layout(
+    spec: FinalLayoutArtifactSpec, parallel: FinalLayoutParallelIdentity, plan: TensorParallelPlan | None
+) -> RuntimeWeightLayout:
+    """How the tensors are laid out at run time; a tensor-parallel plan enters it, so it keys the artifact."""
+    return RuntimeWeightLayout(
+        name=spec.layout_name,
+        tensor_parallel_size=parallel.tensor_parallel_size,
+        tensor_parallel_rank=parallel.tensor_parallel_rank,
+        sequence_parallel_size=parallel.sequence_parallel_size,
+        sequence_parallel_backend=parallel.sequence_parallel_backend,
+        metadata=CanonicalJson.from_value(
+            {**parallel.layout_metadata(), "tensor_parallel_plan": plan.to_dict()}
+            if plan is not None
+            else parallel.layout_metadata()
+        ),
     )
 
 

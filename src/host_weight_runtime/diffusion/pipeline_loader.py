@@ -30,7 +30,9 @@ from ._hub_snapshot import hub_snapshot
 from ._load_options import check_load_arguments
 from ._model_index import ClassKind, IndexedComponent, ModelIndex, read_model_index
 from ._source_files import select_weight_files
-from .loader import LoadedComponent, PrewarmResult, load_component, prewarm_component
+from .loaded import LoadedComponent
+from .loader import load_component, prewarm_component
+from .reports import PrewarmResult
 
 __all__ = [
     "ComponentHandling",
@@ -190,23 +192,24 @@ def _plan(
     use_safetensors: bool | None,
     dtype_refusal: str | None,
 ) -> list[PipelineComponentRecord]:
-    """One record per component; SERVED ones are still to be loaded. A custom class not passed is an error."""
+    """One record per component; SERVED ones are still to be loaded. A custom class is an error."""
     records: list[PipelineComponentRecord] = []
     for component in index.components:
         entry = (component.name, component.library, component.class_name)
+        if component.kind is ClassKind.CUSTOM:
+            raise usage_error(
+                f"{index.path}: component {component.name!r} is {component.library}.{component.class_name}, a custom "
+                "class from the repository's own code; load_pipeline runs no remote code (and diffusers checks the "
+                "library even for a component passed in): load this pipeline with diffusers and serve its standard "
+                "components with load_component",
+                component=component.name,
+            )
         if component.name in caller:
             records.append(PipelineComponentRecord(*entry, ComponentHandling.CALLER))
         elif component.kind is ClassKind.NONE:
             records.append(PipelineComponentRecord(*entry, ComponentHandling.ABSENT))
         elif component.kind is ClassKind.UNWEIGHTED:
             records.append(PipelineComponentRecord(*entry, ComponentHandling.UNWEIGHTED))
-        elif component.kind is ClassKind.CUSTOM:
-            raise usage_error(
-                f"{index.path}: component {component.name!r} is {component.library}.{component.class_name}, a custom "
-                f"class from the repository's own code; load_pipeline runs no remote code: load it yourself and pass "
-                f"it as {component.name}=...",
-                component=component.name,
-            )
         elif component.kind is ClassKind.NOT_TORCH:
             not_torch = f"{component.class_name} is not a torch module; diffusers loads it as always"
             records.append(PipelineComponentRecord(*entry, ComponentHandling.CANONICAL, not_torch))
@@ -268,7 +271,7 @@ def _assemble(
 
     assemble: Any = DiffusionPipeline.from_pretrained
     try:
-        return assemble(str(root), torch_dtype=torch_dtype, **kwargs, **models)
+        return assemble(str(root), dtype=torch_dtype, **kwargs, **models)
     except HostWeightError:
         raise
     except _ASSEMBLY_ERRORS as exc:
@@ -283,6 +286,7 @@ def load_pipeline(
     model_or_path: str | os.PathLike[str],
     *,
     torch_dtype: torch.dtype | str = torch.bfloat16,
+    dtype: torch.dtype | str | None = None,
     variant: str | None = None,
     revision: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -300,9 +304,11 @@ def load_pipeline(
     to diffusers; the rest are `load_component`'s arguments, given to every served component.
     A component that cannot be served (pickle-only weights, a class load_component does not serve,
     a dtype it does not serve) is loaded by diffusers and its record says why; in REQUIRED mode that
-    is a HostWeightUsageError instead. A custom class from remote code must be passed by the caller.
+    is a HostWeightUsageError instead. A custom class from remote code is a HostWeightUsageError.
+    `dtype` is diffusers' newer spelling of `torch_dtype`; when given, it wins.
     """
     started = time.monotonic()
+    torch_dtype = dtype if dtype is not None else torch_dtype
     runtime = runtime if runtime is not None else HostWeightRuntime.from_env()
     root = pipeline_root(model_or_path, revision=revision, cache_dir=cache_dir)
     index = read_model_index(root)
@@ -355,7 +361,7 @@ class PipelinePrewarmResult:
     def total_bytes(self) -> int:
         return sum(result.total_bytes for result in self.built.values())
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "root": str(self.root),
             "total_bytes": self.total_bytes,

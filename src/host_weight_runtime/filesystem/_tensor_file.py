@@ -9,10 +9,13 @@ import contextlib
 import errno
 import os
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from .._digest import DigestAlgorithm
 from .._faults import fault_point
 from ..manifest import FileManifestEntry, TensorManifestEntry
 from ..protocols import TensorWriteSpec
@@ -25,9 +28,31 @@ from ._write_failures import os_failed, producer_failed
 if TYPE_CHECKING:
     import torch
 
-    from .writer import StagingArtifactWriter
+__all__ = ["StagingTensorFileWriter", "TensorFileOwner", "WrittenFile", "create_tensor_file"]
 
-__all__ = ["StagingTensorFileWriter", "WrittenFile", "create_tensor_file"]
+_T = TypeVar("_T")
+
+
+class TensorFileOwner(Protocol):
+    """What a payload file needs from the staging writer that opened it (the writer is one; no import back).
+
+    The underscore members are the writer's own plumbing, shared with the files it opens only.
+    """
+
+    @property
+    def chunk_bytes(self) -> int: ...
+
+    @property
+    def digest_algorithm(self) -> DigestAlgorithm: ...
+
+    @property
+    def hash_threads(self) -> int | None: ...
+
+    def _executor(self) -> ThreadPoolExecutor: ...
+
+    def _guarded(self, action: Callable[[], _T]) -> _T: ...
+
+    def _check_open(self) -> None: ...
 
 _FILE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 _FILE_MODE = 0o600
@@ -68,7 +93,7 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 
 
 def create_tensor_file(
-    owner: StagingArtifactWriter, staging_dir: Path, name: str, layout: FileLayout, *, ordered: bool
+    owner: TensorFileOwner, staging_dir: Path, name: str, layout: FileLayout, *, ordered: bool
 ) -> StagingTensorFileWriter:
     """Create payload file `name` (it must not exist), preallocate its final size and write its header.
 
@@ -119,7 +144,7 @@ class StagingTensorFileWriter:
         "_result",
     )
 
-    def __init__(self, owner: StagingArtifactWriter, name: str, fd: int, layout: FileLayout, *, ordered: bool) -> None:
+    def __init__(self, owner: TensorFileOwner, name: str, fd: int, layout: FileLayout, *, ordered: bool) -> None:
         self._owner = owner
         self._name = name
         self._fd = fd

@@ -46,7 +46,7 @@ from ._deny import DenyMarkers
 from ._fsutil import read_small_file, write_file_atomic
 from ._layout import DomainLayout
 from .locks import try_lock
-from .reader import ArtifactReadError, InvalidArtifactError, _check_content_digest, _open_member, _read_error
+from .reader import ArtifactReadError, InvalidArtifactError, check_content_digest, open_member, read_error
 
 __all__ = [
     "ENV_BACKGROUND_VERIFY",
@@ -279,7 +279,7 @@ class BackgroundVerification:
         try:
             claim = try_lock(self._layout.verify_lock(self._key), exclusive=True)
         except OSError as exc:
-            self._finish(VerificationState.FAILED, _read_error(exc, "the verify lock").failure)
+            self._finish(VerificationState.FAILED, read_error(exc, "the verify lock").failure)
             return
         if claim is None:
             self._finish(VerificationState.SKIPPED)  # another process is verifying this artifact now
@@ -303,7 +303,7 @@ class BackgroundVerification:
             try:
                 self._ledger.record(self._key, self._publication_id, self.payload_bytes)
             except OSError as exc:
-                self._finish(VerificationState.FAILED, _read_error(exc, "the verification record").failure)
+                self._finish(VerificationState.FAILED, read_error(exc, "the verification record").failure)
                 return
             self._finish(VerificationState.VERIFIED)
         finally:
@@ -327,7 +327,7 @@ class BackgroundVerification:
 
     def _verify_payloads(self) -> None:
         """Re-hash every payload file (header and tensors) and compare with the manifest, or raise."""
-        _check_content_digest(self._manifest)
+        check_content_digest(self._manifest)
         artifact_dir = self._layout.artifact_dir(self._key)
         try:
             dir_fd = os.open(artifact_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -336,7 +336,7 @@ class BackgroundVerification:
                 raise InvalidArtifactError(
                     failure(ResolutionStage.LOOKUP, FailureCode.PAYLOAD_INVALID, f"{artifact_dir} is not a directory")
                 ) from None
-            raise _read_error(exc, str(artifact_dir)) from exc
+            raise read_error(exc, str(artifact_dir)) from exc
         try:
             for entry in self._manifest.files:
                 self._verify_file(dir_fd, entry)
@@ -344,7 +344,7 @@ class BackgroundVerification:
             os.close(dir_fd)
 
     def _verify_file(self, dir_fd: int, entry: FileManifestEntry) -> None:
-        fd, info = _open_member(dir_fd, entry.name)
+        fd, info = open_member(dir_fd, entry.name)
         try:
             if (info.st_dev, info.st_ino) != self._inodes.get(entry.name):
                 raise _mismatch(
@@ -390,7 +390,7 @@ class BackgroundVerification:
                 fault_point("verify.read")
                 data = os.pread(fd, min(chunk_bytes, end - position), position)
             except OSError as exc:
-                raise _read_error(exc, name) from exc
+                raise read_error(exc, name) from exc
             if not data:
                 raise _mismatch(FailureCode.PAYLOAD_INVALID, f"{name} is shorter than the manifest says", name)
             hasher.update(data)

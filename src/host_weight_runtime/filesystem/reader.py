@@ -126,7 +126,8 @@ def _invalid(code: FailureCode, message: str, **details: object) -> InvalidArtif
     return InvalidArtifactError(failure(ResolutionStage.LOOKUP, code, message, **details))  # type: ignore[arg-type]
 
 
-def _read_error(exc: OSError, what: str) -> ArtifactReadError:
+def read_error(exc: OSError, what: str) -> ArtifactReadError:
+    """An OS error while reading `what`: retryable IO_ERROR, never a verdict on the artifact (S13)."""
     name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
     return ArtifactReadError(
         failure(
@@ -150,7 +151,7 @@ def _stat_member(dir_fd: int, name: str) -> os.stat_result:
     except OSError as exc:
         if exc.errno == errno.ENOENT:
             raise _invalid(FailureCode.PAYLOAD_INVALID, f"{name} is missing", file=name) from None
-        raise _read_error(exc, name) from exc
+        raise read_error(exc, name) from exc
     if stat.S_ISLNK(info.st_mode):
         raise _invalid(
             FailureCode.PAYLOAD_INVALID, f"{name} is a symlink; artifacts contain only regular files", file=name
@@ -160,7 +161,8 @@ def _stat_member(dir_fd: int, name: str) -> os.stat_result:
     return info
 
 
-def _open_member(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
+def open_member(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
+    """Open a regular file of the artifact directory without following links; the fd and its stat."""
     listed = _stat_member(dir_fd, name)
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -171,7 +173,7 @@ def _open_member(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
             ) from None
         if exc.errno == errno.ENOENT:
             raise _invalid(FailureCode.PAYLOAD_INVALID, f"{name} is missing", file=name) from None
-        raise _read_error(exc, name) from exc
+        raise read_error(exc, name) from exc
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) != (listed.st_dev, listed.st_ino):
@@ -200,7 +202,7 @@ def _read_exact(fd: int, size: int, offset: int, what: str) -> bytes:
         try:
             chunk = os.pread(fd, remaining, position)
         except OSError as exc:
-            raise _read_error(exc, what) from exc
+            raise read_error(exc, what) from exc
         if not chunk:
             raise _invalid(FailureCode.PAYLOAD_INVALID, f"{what} is truncated", what=what)
         chunks.append(chunk)
@@ -210,7 +212,7 @@ def _read_exact(fd: int, size: int, offset: int, what: str) -> bytes:
 
 
 def _read_metadata_file(dir_fd: int, name: str, limit: int) -> bytes:
-    fd, info = _open_member(dir_fd, name)
+    fd, info = open_member(dir_fd, name)
     try:
         if info.st_size > limit:
             raise _invalid(
@@ -219,7 +221,7 @@ def _read_metadata_file(dir_fd: int, name: str, limit: int) -> bytes:
         fault_point("reader.read_metadata")
         return _read_exact(fd, info.st_size, 0, name)
     except OSError as exc:
-        raise _read_error(exc, name) from exc
+        raise read_error(exc, name) from exc
     finally:
         os.close(fd)
 
@@ -282,7 +284,7 @@ def _reason(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
 
 
-def _check_content_digest(manifest: WeightManifest) -> None:
+def check_content_digest(manifest: WeightManifest) -> None:
     """The content digest must follow from the tensor digests (a FULL_CHECKSUM check: the manifest's own
     bytes are already pinned by READY.json, so this only catches a publisher that lied about them)."""
     recomputed = content_digest((t.name, t.dtype, t.shape, t.digest) for t in manifest.tensors)
@@ -294,7 +296,7 @@ def _check_header(fd: int, entry: FileManifestEntry, manifest: WeightManifest) -
     try:
         fault_point("reader.read_payload_header")
     except OSError as exc:
-        raise _read_error(exc, entry.name) from exc
+        raise read_error(exc, entry.name) from exc
     length_bytes = _read_exact(fd, 8, 0, entry.name)
     header_length = int.from_bytes(length_bytes, "little")
     if header_length > MAX_HEADER_BYTES or 8 + header_length != entry.header_size:
@@ -383,7 +385,7 @@ def _recheck_mapped(
             FailureCode.PAYLOAD_INVALID, f"{entry.name} disappeared while it was being mapped", file=entry.name
         ) from None
     except OSError as exc:
-        raise _read_error(exc, entry.name) from exc
+        raise read_error(exc, entry.name) from exc
     current = opened if opened is not None else named
     if current.st_size != entry.size or named.st_size != entry.size:
         raise _invalid(
@@ -416,7 +418,7 @@ def _map_payload(fd: int, info: os.stat_result, entry: FileManifestEntry) -> Map
             file=entry.name,
         ) from None
     except OSError as exc:
-        raise _read_error(exc, entry.name) from exc
+        raise read_error(exc, entry.name) from exc
     return MappedPayload(entry=entry, mapping=mapping, device=info.st_dev, inode=info.st_ino)
 
 
@@ -488,14 +490,14 @@ def open_artifact(
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise _invalid(FailureCode.PAYLOAD_INVALID, f"{artifact_dir} is not a real directory") from None
-        raise _read_error(exc, str(artifact_dir)) from exc
+        raise read_error(exc, str(artifact_dir)) from exc
     try:
         _check_directory(dir_fd, artifact_dir)
         marker, manifest = _parse_marker_and_manifest(dir_fd, key, identity)
         try:
             present = set(os.listdir(dir_fd))
         except OSError as exc:
-            raise _read_error(exc, str(artifact_dir)) from exc
+            raise read_error(exc, str(artifact_dir)) from exc
         expected = {READY_FILE_NAME, MANIFEST_FILE_NAME} | {entry.name for entry in manifest.files}
         if present != expected:
             raise _invalid(
@@ -506,7 +508,7 @@ def open_artifact(
             )
         payloads: list[MappedPayload] = []
         for entry in manifest.files:
-            fd, info = _open_member(dir_fd, entry.name)
+            fd, info = open_member(dir_fd, entry.name)
             try:
                 if info.st_size != entry.size:
                     raise _invalid(
@@ -518,7 +520,7 @@ def open_artifact(
                 try:
                     fault_point("reader.after_validate")
                 except OSError as exc:
-                    raise _read_error(exc, entry.name) from exc
+                    raise read_error(exc, entry.name) from exc
                 payloads.append(_map_payload(fd, info, entry))
                 _recheck_mapped(dir_fd, entry, (info.st_dev, info.st_ino), os.fstat(fd))
             finally:
@@ -529,7 +531,7 @@ def open_artifact(
             _recheck_mapped(dir_fd, payload.entry, (payload.device, payload.inode), None)
         mapped = tuple(payloads)
         if validation is ValidationLevel.FULL_CHECKSUM:
-            _check_content_digest(manifest)
+            check_content_digest(manifest)
             _verify_checksums(manifest, mapped, hash_threads=hash_threads, progress=progress)
         return ValidatedArtifact(manifest=manifest, marker=marker, payloads=mapped)
     finally:

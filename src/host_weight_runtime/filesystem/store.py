@@ -37,7 +37,7 @@ from ._eviction import Evictor
 from ._layout import DomainLayout
 from ._lookup import ArtifactLookup
 from ._maintenance import DomainMaintenance
-from ._verify import BackgroundVerifyMode, background_verify_mode
+from ._verify import BackgroundVerifyMode, VerificationLedger, VerificationRecord, background_verify_mode
 from .capacity import CapacityGuard
 from .domain import DomainInfo, MountTable, open_domain
 from .garbage import DEFAULT_QUARANTINE_RETENTION_S, GarbageCollector, GcPlan, GcResult
@@ -200,6 +200,14 @@ class FilesystemHostWeightStore:
     ) -> ArtifactInspection:
         """Validate one artifact read-only; reports problems but never denies or quarantines."""
         return self._maintenance.inspect_artifact(key, validation=validation, deadline=deadline, progress=progress)
+
+    def background_verification(self, key: str) -> VerificationRecord | None:
+        """This node's record that a publication of `key` was fully re-hashed and matched (S08), if any.
+
+        Compare its `publication_id` with the artifact's: a record of an earlier publication says nothing
+        about the current one.
+        """
+        return VerificationLedger(self._layout).read(key)
 
     def inspect_domain(self) -> DomainInspection:
         """Inventory of ready, denied, quarantined and temporary artifacts, with capacity."""

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from .._remote_url import DEFAULT_TIMEOUT_S, check_remote_url
 from ..canonical_json import JsonValue
 from ..failures import FailureCode, HostWeightError, ResolutionStage, failure
-from ..filesystem._fsutil import errno_name
+from ..filesystem import errno_name
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

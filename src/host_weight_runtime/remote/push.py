@@ -22,11 +22,12 @@ from typing import Any
 from .._exit_wait import wait_at_exit
 from ..canonical_json import JsonValue
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
-from ..filesystem._fsutil import read_small_file
+from ..filesystem import read_small_file
 from ..filesystem.store import FilesystemHostWeightStore
 from ..identity import WeightArtifactIdentity
 from ..manifest import MANIFEST_FILE_NAME, WeightManifest, manifest_sha256
 from ..tensors import ValidationLevel
+from ..version import __version__
 from ._descriptor import DESCRIPTOR_FILE_NAME, MAX_MANIFEST_BYTES, RemoteDescriptorRecord, RemoteFileRecord
 from ._location import DEFAULT_TIMEOUT_S, RemoteLocation, remote_failed
 from .provider import FsspecArtifactProvider
@@ -172,8 +173,6 @@ def push_artifact(
     is missing or fails FULL_CHECKSUM, IDENTITY_COLLISION when the remote holds other
     bytes under the key, REMOTE_FAILED for network and remote errors.
     """
-    from .. import __version__
-
     started = time.monotonic()
     identity = _local_identity(store, artifact)
     key = identity.key

@@ -1,27 +1,24 @@
-"""`hwr demo`: a real diffusers Flux transformer, loaded canonically, cold and warm, each in a fresh process.
+"""`hwr demo`: a real diffusers Flux pipeline, loaded canonically, cold and warm, each in a fresh process.
 
-The parent builds a small FluxTransformer2DModel checkpoint (FP32 safetensors, sharded,
-seeded weights) in a temporary directory and creates a private domain, both on the tmpfs
-at /dev/shm, and removes both at the end, also on error, SIGTERM or Ctrl-C. A checkpoint
-in memory is the best case for the canonical load, and no disk writeback of the freshly
-written files runs while the loads are timed. Then, each in a fresh process
-(`python -m host_weight_runtime.tools.demo_diffusers --child ...`):
+The parent builds a FluxPipeline folder with real proportions (a FluxTransformer2DModel of
+`--size-mib` FP32, a T5 encoder of about 40% of that, a CLIP text encoder and a VAE, real
+tokenizers and scheduler, seeded weights, `save_pretrained`) and a private domain, both on
+the tmpfs at /dev/shm, and removes both at the end, also on error, SIGTERM or Ctrl-C. Then,
+each in a fresh process (`python -m host_weight_runtime.tools.demo_diffusers --child ...`):
 
-    canonical  FluxTransformer2DModel.from_pretrained(pipe, subfolder="transformer",
-               torch_dtype=torch.bfloat16): what a diffusers user does today; its
-               forward output on fixed inputs is saved as the parity reference
-    cold       load_component(pipe, subfolder="transformer", runtime=...) in PREFERRED
-               mode on the empty domain: CANONICAL_FALLBACK, then published after load
-    warm-1..N  the same call in N more processes: LOCAL_HIT, restored zero-copy from
-               the published artifact; all N hold their models while memory is read
+    canonical  DiffusionPipeline.from_pretrained(pipe, dtype=torch.bfloat16): what a
+               diffusers user does today; its image with a fixed seed is the parity reference
+    cold       load_pipeline(pipe, runtime=...) in PREFERRED mode on the empty domain: every
+               weighted component CANONICAL_FALLBACK, then published after load
+    warm-1..N  the same call in N more processes: LOCAL_HIT for every weighted component,
+               restored zero-copy; all N hold their pipelines while memory is read
 
 Every row is measured the same way. Time to ready runs from the start of the load call
-until the model is usable and one byte in every 4 KiB page of every parameter and
-buffer has been read (so page faults and page-table setup count for every row). RSS
-and PSS come from /proc/self/smaps_rollup while the model is loaded. Then the child
-runs a forward pass on fixed inputs and compares it with the canonical reference with
-`torch.equal`. The canonical row compares a second forward pass with the reference it
-saved: a check that the reference itself is reproducible.
+until the pipeline is usable and one byte in every 4 KiB page of every parameter and
+buffer of every component has been read. RSS and PSS come from /proc/self/smaps_rollup;
+artifact PSS sums the PSS of every artifact mapping. Then the child generates one image
+(2 steps, fixed generator seed) and compares it with the canonical reference with
+`torch.equal`. The canonical row compares a second image with the reference it saved.
 
 Children speak the JSON-line protocol of the synthetic demo (`host_weight_runtime.tools.demo_store`:
 ready -> measure -> row -> release), started one at a time so no load contends with
@@ -37,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +50,7 @@ from host_weight_runtime import (
     RuntimeMode,
     StorageClass,
 )
-from host_weight_runtime.diffusion import LoadedComponent, load_component
+from host_weight_runtime.diffusion import LoadedComponent, LoadedPipeline, load_pipeline
 
 from .bench.measure import touch_model
 from .common import JsonValue, remove_tree
@@ -67,7 +64,7 @@ from .demo_store import (
     _send,
     _terminate_as_exit,
 )
-from .synthetic_models import TRANSFORMER_SUBFOLDER, forward_inputs, run_forward, save_flux_pipeline_folder
+from .synthetic_pipelines import generation_kwargs, save_proportional_flux_pipeline
 
 __all__ = [
     "DEFAULT_SIZE_MIB",
@@ -115,6 +112,7 @@ class FluxDemoRow:
     parity: bool
     max_abs_diff: float | None
     failure: str | None = None
+    components: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
@@ -133,6 +131,7 @@ class FluxDemoRow:
             "parity": self.parity,
             "max_abs_diff": self.max_abs_diff,
             "failure": self.failure,
+            "components": dict(self.components),
         }
 
     @classmethod
@@ -156,6 +155,7 @@ class FluxDemoRow:
                 parity=_strict_bool(value["parity"]),
                 max_abs_diff=_optional_float(value["max_abs_diff"]),
                 failure=_optional_str(value["failure"]),
+                components={str(name): str(outcome) for name, outcome in dict(value.get("components", {})).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise DemoError(f"a child sent a malformed row ({exc}): {value!r}") from exc
@@ -253,24 +253,33 @@ class FluxDemoReport:
 # --------------------------------------------------------------------------- the child side
 
 
-def _touch_model(model: torch.nn.Module) -> int:
-    """Read one byte in every 4 KiB page of every parameter and buffer (the benchmark's touch pass); return pages."""
-    pages, _checksum = touch_model(model)
+def _touch_pipeline(pipeline: Any) -> int:
+    """Read one byte in every 4 KiB page of every tensor of every torch component (the benchmark's touch pass)."""
+    pages = 0
+    for component in pipeline.components.values():
+        if isinstance(component, torch.nn.Module):
+            pages += touch_model(component)[0]
     return pages
 
 
-def _flux_class() -> Any:
-    """FluxTransformer2DModel, imported before any clock starts (diffusers imports lazily), without progress bars.
+def _quiet_diffusers() -> Any:
+    """DiffusionPipeline, imported before any clock starts (diffusers imports lazily), without progress bars.
 
     Typed Any: diffusers is untyped.
     """
     import accelerate  # noqa: F401  (load_component's skeleton needs it; import it outside the timed load)
     import diffusers
+    import transformers as _transformers
     from diffusers.utils import logging as diffusers_logging
+
+    transformers: Any = _transformers
 
     diffusers_logging.set_verbosity_error()
     diffusers_logging.disable_progress_bar()
-    return diffusers.FluxTransformer2DModel
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    _ = (diffusers.FluxPipeline, diffusers.FluxTransformer2DModel, diffusers.AutoencoderKL, transformers.T5EncoderModel)
+    return diffusers.DiffusionPipeline
 
 
 def _compare(output: torch.Tensor, reference_path: Path) -> tuple[bool, float | None]:
@@ -283,53 +292,59 @@ def _compare(output: torch.Tensor, reference_path: Path) -> tuple[bool, float | 
     return equal, 0.0 if equal else float((output.float() - reference.float()).abs().max())
 
 
-def child_main(path: str, pipeline: Path, root: Path, reference: Path, reference_seed: int) -> int:
-    """Load one way, touch, report when told, release when told. Runs in a fresh process."""
-    flux_class = _flux_class()
+def _image(pipeline: Any, seed: int) -> torch.Tensor:
+    with torch.no_grad():
+        output = pipeline(**generation_kwargs(_KIND, seed)).images
+    if not isinstance(output, torch.Tensor):
+        raise DemoError(f"the pipeline returned {type(output).__name__}, not a tensor")
+    return output
 
-    loaded: LoadedComponent | None = None
+
+def _overall(values: Sequence[str]) -> str:
+    """One word for all components: their common value, or "mixed"."""
+    distinct = set(values)
+    return distinct.pop() if len(distinct) == 1 else "mixed"
+
+
+def child_main(path: str, pipeline_folder: Path, root: Path, reference: Path, reference_seed: int) -> int:
+    """Load one way, touch, report when told, release when told. Runs in a fresh process."""
+    pipeline_class = _quiet_diffusers()
+
+    loaded: LoadedPipeline | None = None
     started = time.perf_counter()
     if path == CANONICAL:
-        model: torch.nn.Module = flux_class.from_pretrained(
-            str(pipeline), subfolder=TRANSFORMER_SUBFOLDER, torch_dtype=torch.bfloat16
-        )
+        pipeline = pipeline_class.from_pretrained(str(pipeline_folder), dtype=torch.bfloat16)
     else:
         config = HostWeightRuntimeConfig(mode=RuntimeMode.PREFERRED, root=root, storage_class=StorageClass.TMPFS)
-        loaded = load_component(pipeline, subfolder=TRANSFORMER_SUBFOLDER, runtime=HostWeightRuntime(config))
-        model = loaded.model
-    touched = _touch_model(model)
+        loaded = load_pipeline(pipeline_folder, runtime=HostWeightRuntime(config))
+        pipeline = loaded.pipeline
+    touched = _touch_pipeline(pipeline)
     ready_ms = (time.perf_counter() - started) * 1000.0
+    pipeline.set_progress_bar_config(disable=True)
     try:
         _send({"event": "ready"})
         _expect("measure")
         rss, pss = _memory_rollup()
-        lease = None if loaded is None else loaded.lease
-        artifact_pss = artifact_bytes = 0
-        if lease is not None:
-            _, artifact_pss = _artifact_memory([(region.address, region.length) for region in lease.mapped_regions])
-            artifact_bytes = sum(entry.size for entry in lease.manifest.files)
+        served = {} if loaded is None else dict(loaded.components)
+        leases = [component.lease for component in served.values() if component.lease is not None]
+        regions = [(region.address, region.length) for lease in leases for region in lease.mapped_regions]
+        _, artifact_pss = _artifact_memory(regions) if regions else (0, 0)
+        artifact_bytes = sum(entry.size for lease in leases for entry in lease.manifest.files)
         if path == CANONICAL:
-            inputs = forward_inputs(_KIND, model, seed=reference_seed)
-            torch.save(run_forward(_KIND, model, inputs).clone(), reference)
-        output = run_forward(_KIND, model, forward_inputs(_KIND, model, seed=INPUT_SEED))
-        parity, max_abs_diff = _compare(output, reference)
-        outcome = FROM_PRETRAINED
-        publication: str | None = None
-        publication_ms: float | None = None
-        failure: str | None = None
-        if loaded is not None:
-            outcome = "none" if loaded.outcome is None else loaded.outcome.value
-            if loaded.publication is not None:
-                publication = loaded.publication.status.value
-                publication_ms = loaded.publication.elapsed_s * 1000.0
-            failure = _failure_text(loaded)
+            torch.save(_image(pipeline, reference_seed).clone(), reference)
+        parity, max_abs_diff = _compare(_image(pipeline, INPUT_SEED), reference)
+        publications = [component.publication for component in served.values()]
         row = FluxDemoRow(
             path=path,
             pid=os.getpid(),
-            outcome=outcome,
-            load_path="canonical" if loaded is None else loaded.load_path.value,
-            publication=publication,
-            publication_ms=publication_ms,
+            outcome=FROM_PRETRAINED if loaded is None else _overall([c.outcome.value for c in served.values()]),
+            load_path="canonical" if loaded is None else _overall([c.load_path.value for c in served.values()]),
+            publication=None
+            if loaded is None or any(p is None for p in publications)
+            else _overall([p.status.value for p in publications if p is not None]),
+            publication_ms=None
+            if loaded is None or any(p is None for p in publications)
+            else sum(p.elapsed_s * 1000.0 for p in publications if p is not None),
             time_to_ready_ms=ready_ms,
             rss_bytes=rss,
             pss_bytes=pss,
@@ -338,7 +353,8 @@ def child_main(path: str, pipeline: Path, root: Path, reference: Path, reference
             touched_pages=touched,
             parity=parity,
             max_abs_diff=max_abs_diff,
-            failure=failure,
+            failure=next((text for text in map(_failure_text, served.values()) if text is not None), None),
+            components=_component_outcomes(loaded),
         )
         _send({"event": "row", "row": row.to_dict()})
         _expect("release")
@@ -346,6 +362,17 @@ def child_main(path: str, pipeline: Path, root: Path, reference: Path, reference
         if loaded is not None:
             loaded.close()
     return 0
+
+
+def _component_outcomes(loaded: LoadedPipeline | None) -> dict[str, str]:
+    """Each weighted component's outcome, or why diffusers loaded it itself."""
+    if loaded is None:
+        return {}
+    outcomes = {name: component.outcome.value for name, component in loaded.components.items()}
+    for record in loaded.records:
+        if record.handling.value == "canonical":
+            outcomes[record.name] = f"canonical ({record.reason})"
+    return outcomes
 
 
 def _failure_text(loaded: LoadedComponent) -> str | None:
@@ -391,7 +418,7 @@ def _folder_bytes(folder: Path) -> int:
 def run_demo(
     *, size_mib: int = DEFAULT_SIZE_MIB, workers: int = DEFAULT_WORKERS, reference_seed: int = INPUT_SEED
 ) -> FluxDemoReport:
-    """Build a Flux checkpoint, then load it canonical, cold and warm in fresh processes; always clean up.
+    """Build a Flux pipeline folder, then load it canonical, cold and warm in fresh processes; always clean up.
 
     `reference_seed` is a test seam: the canonical child computes the parity reference on
     inputs drawn with it, so any seed other than INPUT_SEED must make every parity check fail.
@@ -410,9 +437,10 @@ def run_demo(
         pipeline = workdir / "pipeline"
         reference = workdir / _REFERENCE_FILE
         started = time.perf_counter()
-        save_flux_pipeline_folder(pipeline, target_bytes=size_mib * MIB, seed=MODEL_SEED)
+        _quiet_diffusers()
+        save_proportional_flux_pipeline(pipeline, transformer_bytes=size_mib * MIB, seed=MODEL_SEED)
         build_ms = (time.perf_counter() - started) * 1000.0
-        checkpoint_bytes = _folder_bytes(pipeline / TRANSFORMER_SUBFOLDER)
+        checkpoint_bytes = _folder_bytes(pipeline)
 
         def group(paths: Sequence[str]) -> list[FluxDemoRow]:
             commands = [(path, _child_command(path, pipeline, root, reference, reference_seed)) for path in paths]
@@ -440,8 +468,8 @@ def report_table(report: FluxDemoReport) -> Table:
     """One row per process: path, outcome, time to ready (ms), RSS and PSS (MiB), parity."""
     table = Table(
         title=(
-            f"FluxTransformer2DModel, {_mib(report.checkpoint_bytes)} MiB FP32 checkpoint -> "
-            f"{_mib(report.artifact_bytes)} MiB BF16 artifact"
+            f"FluxPipeline, {_mib(report.checkpoint_bytes)} MiB FP32 folder -> "
+            f"{_mib(report.artifact_bytes)} MiB of BF16 artifacts"
         ),
         title_justify="left",
     )
@@ -488,7 +516,7 @@ def summary_line(report: FluxDemoReport) -> str:
             )
         parts.append(
             f"{len(warm)} warm workers' PSS sum {_mib(warm_pss)} MiB, of which their artifact mappings "
-            f"{_mib(shared)} MiB = {copies} one {_mib(size)} MiB artifact{versus}"
+            f"{_mib(shared)} MiB = {copies} one copy of its {_mib(size)} MiB of artifacts{versus}"
         )
     failed = [row.path for row in report.rows if not row.parity]
     parts.append("parity: all bit-identical" if not failed else f"parity: FAILED for {', '.join(failed)}")

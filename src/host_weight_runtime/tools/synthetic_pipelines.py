@@ -387,36 +387,47 @@ def generation_kwargs(name: str, seed: int = 0) -> dict[str, Any]:
     return {**kind.call, "height": kind.height, "width": kind.height, "generator": generator}
 
 
-def save_proportional_flux_pipeline(root: Path, *, transformer_bytes: int, seed: int = 0) -> Path:
-    """A Flux pipeline folder with real proportions: the T5 encoder about 1/2.5 of the transformer's bytes.
-
-    For the benchmark: a transformer of about `transformer_bytes` (FP32), a T5 encoder of
-    about 40% of that, plus a CLIP text encoder and a VAE as in `save_tiny_pipeline("flux")`.
-    """
-    from .synthetic_models import flux_config_for_bytes
-
-    config = flux_config_for_bytes(transformer_bytes)
-    components = _flux(seed)
-    components["transformer"] = build_model("flux", seed=seed, config_overrides=config)
-    d_model = int(config["joint_attention_dim"])
-    per_layer = 4 * (4 * d_model * 64 * 2 + 3 * d_model * 4 * d_model)  # FP32: attention (heads*64) + gated FFN
-    layers = max(1, round(transformer_bytes / 2.5 / per_layer))
-    t5_config = transformers.T5Config(
+def _t5_config(d_model: int, num_layers: int) -> Any:
+    return transformers.T5Config(
         vocab_size=4 + len(_CHARACTERS) + len(string.ascii_lowercase),
         d_model=d_model,
         d_kv=64,
-        d_ff=4 * d_model,
-        num_layers=layers,
-        num_heads=2,
+        d_ff=1024,
+        num_layers=num_layers,
+        num_heads=8,
         relative_attention_num_buckets=8,
         feed_forward_proj="gated-gelu",
         pad_token_id=0,
         eos_token_id=1,
         decoder_start_token_id=0,
     )
-    components["text_encoder_2"] = _seeded(transformers.T5EncoderModel(t5_config), seed + 3)
+
+
+def _t5_bytes(config: Any) -> int:
+    """FP32 bytes of a T5 encoder, measured on the meta device so nothing is allocated."""
+    with torch.device("meta"):
+        model = transformers.T5EncoderModel(config)
+    return sum(tensor.numel() * 4 for tensor in model.state_dict().values())
+
+
+def save_proportional_flux_pipeline(root: Path, *, transformer_bytes: int, seed: int = 0) -> Path:
+    """A Flux pipeline folder with real proportions: the transformer about 2.5x the bytes of its T5 encoder.
+
+    For the demo and the benchmark: a transformer of about `transformer_bytes` (FP32), a T5
+    encoder of d_model `joint_attention_dim` with as many layers as make about 40% of that, a
+    CLIP text encoder of width `pooled_projection_dim`, and the tiny VAE, tokenizers and scheduler.
+    """
+    from .synthetic_models import flux_config_for_bytes
+
+    config = flux_config_for_bytes(transformer_bytes)
+    d_model = int(config["joint_attention_dim"])
+    base = _t5_bytes(_t5_config(d_model, 0))
+    per_layer = _t5_bytes(_t5_config(d_model, 1)) - base
+    layers = max(1, round((transformer_bytes / 2.5 - base) / per_layer))
+    components = _flux(seed)
+    components["transformer"] = build_model("flux", seed=seed, config_overrides=config)
+    components["vae"] = _vae(seed + 1, int(config["in_channels"]) // 4, shift=0.1)  # Flux packs 2x2 latents
     components["text_encoder"] = _clip(seed + 2, int(config["pooled_projection_dim"]))
-    # Flux packs 2x2 latent patches: the VAE's latent channels are the transformer's in_channels / 4.
-    components["vae"] = _vae(seed + 1, int(config["in_channels"]) // 4, shift=0.1)
+    components["text_encoder_2"] = _seeded(transformers.T5EncoderModel(_t5_config(d_model, layers)), seed + 3)
     diffusers.FluxPipeline(**components).save_pretrained(str(root), safe_serialization=True)
     return root

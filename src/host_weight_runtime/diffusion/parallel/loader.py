@@ -11,28 +11,33 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...config import RuntimeMode
-from ...failures import FailureCode, HostWeightError, ResolutionStage, failure
+from ...failures import FailureCode, HostWeightError
 from ...lease import HostWeightLease
-from ...outcomes import ResolutionOutcome
+from ...outcomes import HostWeightResolution, ResolutionOutcome
 from ...runtime import HostWeightRuntime
+from .._load_options import LoadOptions
+from ..canonical_step import load_canonical_for
+from ..component_source import ComponentLocation, node_digest_cache
 from ..contracts import FINAL_LAYOUT_BF16_POLICY, FinalLayoutParallelIdentity, FinalLayoutTensorPolicy
 from ..identity_adapter import FinalLayoutIdentityContext
+from ..load_runtime import required_runtime, runtime_for_load
+from ..loaded import LoadedComponent
 from ..producers.checkpoint_stream import FinalLayoutBF16CheckpointProducer
-from ..producers.finalized import FinalLayoutBF16Producer
-from ..restorer import FinalLayoutTensorRestorer
+from ..publish_step import publish_after_canonical_load, require_safetensors
+from ..reports import ComponentLoadPath, PrewarmResult
+from ..representation import check_representation, quantize_model_fp8, tensor_policy
+from ..restore_step import restore_into_skeleton
+from ..skeleton import ComponentSkeleton, prepare_skeleton
 from .apply import parallelize_localized
 from .bundle import FinalLayoutBF16BundleProducer
 from .cohort import CohortStatus, TorchCohort, cohort_failure
 from .plan import TensorParallelPlan, localize_module, plan_for_model, resolve_tensor_shards
 from .ranks import identify_ranks
-
-if TYPE_CHECKING:
-    from ..loader import PrewarmResult, _Skeleton
 
 __all__ = ["load_tensor_parallel_component", "prewarm_tensor_parallel"]
 
@@ -51,37 +56,91 @@ def _mesh(process_group: Any, size: int) -> Any:
     return DeviceMesh.from_group(group, "cpu")
 
 
+@dataclass(frozen=True, slots=True)
+class _RankLoad:
+    """One rank's load once its identity is known: the restore, canonical and build steps it may take."""
+
+    skeleton: ComponentSkeleton
+    contexts: tuple[FinalLayoutIdentityContext, ...]
+    rank: int
+    plan: TensorParallelPlan
+    mesh: Any
+    runtime: HostWeightRuntime
+    fp8: bool
+    grouped: bool
+    started: float
+
+    @property
+    def context(self) -> FinalLayoutIdentityContext:
+        return self.contexts[self.rank]
+
+    def lookup(self) -> HostWeightResolution:
+        """The rank's artifact, looked up in PREFERRED mode: a miss is a report, never raised."""
+        lookup_runtime = HostWeightRuntime(replace(self.runtime.config, mode=RuntimeMode.PREFERRED))
+        return lookup_runtime.resolve(self.context.identity, None)
+
+    def build(self) -> HostWeightResolution:
+        """The rank's artifact streamed from the checkpoint: the whole group's bundle when grouped."""
+        build_runtime = HostWeightRuntime(
+            replace(self.runtime.config, mode=RuntimeMode.REQUIRED, allow_local_build=True)
+        )
+        producer = (
+            FinalLayoutBF16BundleProducer(self.contexts)
+            if self.grouped
+            else FinalLayoutBF16CheckpointProducer(self.context)
+        )
+        return build_runtime.resolve(self.context.identity, producer)
+
+    def restore(self, lease: HostWeightLease, resolution: HostWeightResolution) -> LoadedComponent:
+        model = restore_into_skeleton(self.skeleton, self.context, lease, fp8=self.fp8)
+        parallelize_localized(model, self.plan, self.mesh)
+        return LoadedComponent(
+            model,
+            ComponentLoadPath.ARTIFACT,
+            elapsed_s=time.monotonic() - self.started,
+            domain_root=self.runtime.config.resolved_root,
+            identity_key=self.context.identity.key,
+            resolution=resolution.report,
+            lease=lease,
+        )
+
+    def canonical(self, resolution: HostWeightResolution, *, publish: bool) -> LoadedComponent:
+        # FP8 is quantized whole (one scale per full tensor), then cut: each shard is a slice of the TP=1 bytes.
+        model = load_canonical_for(self.skeleton, fp8=self.fp8)
+        size = self.skeleton.request.parallel.tensor_parallel_size
+        localize_module(model, resolve_tensor_shards(model, self.plan, size, self.rank))
+        publication = None
+        if publish:
+            publication = publish_after_canonical_load(
+                self.runtime, self.context, self.skeleton.component_name, model, fp8=self.fp8
+            )
+        parallelize_localized(model, self.plan, self.mesh)
+        return LoadedComponent(
+            model,
+            ComponentLoadPath.CANONICAL,
+            elapsed_s=time.monotonic() - self.started,
+            domain_root=self.runtime.config.resolved_root,
+            identity_key=self.context.identity.key,
+            resolution=resolution.report,
+            publication=publication,
+        )
+
+
 def load_tensor_parallel_component(
-    model_or_path: str | os.PathLike[str],
+    location: ComponentLocation,
     *,
     parallel: FinalLayoutParallelIdentity,
     runtime: HostWeightRuntime,
-    subfolder: str | None = None,
-    revision: str | None = None,
-    cache_dir: Path | None = None,
     stream_on_miss: bool | None = None,
     process_group: Any = None,
     representation: str = "bf16",
-) -> Any:
+) -> LoadedComponent:
     """One rank's parallelized component; see the module docstring for the group decision.
 
     With `representation="fp8"` every rank serves FP8Linear shards quantized with the full
     tensor's scale; FP8 artifacts are published after a canonical load (no bundle build).
     """
-    from .._load_options import LoadOptions
-    from ..fp8 import FINAL_LAYOUT_FP8_POLICY, FinalLayoutFP8Producer, FinalLayoutFP8Restorer
-    from ..loader import (
-        ComponentLoadPath,
-        LoadedComponent,
-        _anchor,
-        _canonical,
-        _prepare_skeleton,
-        check_representation,
-        quantize_model_fp8,
-    )
-
     fp8 = check_representation(representation, stream_on_miss=stream_on_miss)
-
     started = time.monotonic()
     size, rank = parallel.tensor_parallel_size, parallel.tensor_parallel_rank
     mesh = _mesh(process_group, size)
@@ -92,91 +151,51 @@ def load_tensor_parallel_component(
     if cohort is not None and cohort.rank != rank:
         raise ValueError(f"tensor_parallel_rank {rank} is rank {cohort.rank} of the process group; they must match")
     stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED and not fp8
-    skeleton = _prepare_skeleton(
-        model_or_path,
-        subfolder=subfolder,
-        revision=revision,
-        parallel=parallel,
-        cache_dir=cache_dir,
-        options=LoadOptions(),
-    )
-    plan = plan_for_model(skeleton.skeleton)  # on the plain skeleton: a registered plan keys on its class
+    skeleton = prepare_skeleton(location, LoadOptions(), parallel)
+    plan = plan_for_model(skeleton.model)  # on the plain skeleton: a registered plan keys on its class
     if fp8:
-        quantize_model_fp8(skeleton.skeleton)
-    policy = FINAL_LAYOUT_FP8_POLICY if fp8 else FINAL_LAYOUT_BF16_POLICY
-    contexts = _identify_every_rank(skeleton, runtime, policy, plan)
-    context = contexts[rank]
-    lookup_runtime = HostWeightRuntime(replace(runtime.config, mode=RuntimeMode.PREFERRED))
-    build_runtime = HostWeightRuntime(replace(runtime.config, mode=RuntimeMode.REQUIRED, allow_local_build=True))
-
-    def restore(lease: HostWeightLease) -> Any:
-        restorer = FinalLayoutFP8Restorer(context) if fp8 else FinalLayoutTensorRestorer(context)
-        restorer._plan_on_identity_skeleton(skeleton.holder, lease).commit()
-        model = skeleton.skeleton
-        _anchor(model, lease)
-        parallelize_localized(model, plan, mesh)
-        return LoadedComponent(
-            model,
-            ComponentLoadPath.ARTIFACT,
-            elapsed_s=time.monotonic() - started,
-            domain_root=runtime.config.resolved_root,
-            identity_key=context.identity.key,
-            resolution=resolution.report,
-            lease=lease,
-        )
-
-    def canonical(publish: bool) -> Any:
-        model = _canonical(skeleton.model_class, skeleton.source, str(model_or_path), LoadOptions())
-        if fp8:  # quantized whole (one scale per full tensor), then cut: each shard is a slice of the TP=1 bytes
-            quantize_model_fp8(model)
-        localize_module(model, resolve_tensor_shards(model, plan, size, rank))
-        publication = None
-        if publish:
-            producer_class = FinalLayoutFP8Producer if fp8 else FinalLayoutBF16Producer
-            producer = producer_class(context, [(skeleton.component_name, model)])
-            publication = runtime.publish_after_load(context.identity, producer)
-        parallelize_localized(model, plan, mesh)
-        return LoadedComponent(
-            model,
-            ComponentLoadPath.CANONICAL,
-            elapsed_s=time.monotonic() - started,
-            domain_root=runtime.config.resolved_root,
-            identity_key=context.identity.key,
-            resolution=resolution.report,
-            publication=publication,
-        )
-
-    def build() -> Any:
-        producer = FinalLayoutBF16BundleProducer(contexts) if cohort is not None else _single(context)
-        return build_runtime.resolve(context.identity, producer)
-
+        quantize_model_fp8(skeleton.model)
+    contexts = _identify_every_rank(skeleton, runtime, tensor_policy(fp8), plan)
+    load = _RankLoad(skeleton, contexts, rank, plan, mesh, runtime, fp8, cohort is not None, started)
+    stream = stream and skeleton.source.use_safetensors
     if cohort is None:
-        resolution = lookup_runtime.resolve(context.identity, None)
-        if resolution.lease is not None:
-            return restore(resolution.lease)
-        if stream and skeleton.source.use_safetensors:
-            resolution = build()
-            if resolution.lease is not None:
-                return restore(resolution.lease)
-        if mode is RuntimeMode.REQUIRED:
-            if resolution.report.failure is not None:
-                raise HostWeightError(resolution.report.failure)
-            raise _missing(rank)
-        return canonical(publish=True)
+        return _load_alone(load, stream=stream)
+    return _load_with_cohort(load, cohort, stream=stream)
 
-    resolution = lookup_runtime.resolve(context.identity, None)
-    status = _status(resolution.outcome, resolution.lease)
+
+def _load_alone(load: _RankLoad, *, stream: bool) -> LoadedComponent:
+    """Without a process group: this rank's own lookup, build and fallback."""
+    resolution = load.lookup()
+    if resolution.lease is not None:
+        return load.restore(resolution.lease, resolution)
+    if stream:
+        resolution = load.build()
+        if resolution.lease is not None:
+            return load.restore(resolution.lease, resolution)
+    if load.runtime.config.mode is RuntimeMode.REQUIRED:
+        if resolution.report.failure is not None:
+            raise HostWeightError(resolution.report.failure)
+        raise _missing(load.rank)
+    return load.canonical(resolution, publish=True)
+
+
+def _load_with_cohort(load: _RankLoad, cohort: TorchCohort, *, stream: bool) -> LoadedComponent:
+    """With a process group: every rank takes the same path, decided from what each rank found (GROUP_COHORT)."""
+    required = load.runtime.config.mode is RuntimeMode.REQUIRED
+    resolution = load.lookup()
     failed = resolution.report.failure
-    reports = cohort.exchange("lookup", status, None if failed is None else failed.code)
+    reports = cohort.exchange(
+        "lookup", _status(resolution.outcome, resolution.lease), None if failed is None else failed.code
+    )
     cohort.raise_if_any_failed("lookup", reports)
     if all(report.status is CohortStatus.HIT for report in reports):
         assert resolution.lease is not None
-        return restore(resolution.lease)
+        return load.restore(resolution.lease, resolution)
     if resolution.lease is not None:
         resolution.lease.close()
-    if stream and skeleton.source.use_safetensors:
+    if stream:
         try:
-            resolution = build()
+            resolution = load.build()
             built = _status(resolution.outcome, resolution.lease)
             code = resolution.report.failure.code if resolution.report.failure is not None else None
         except HostWeightError as exc:
@@ -184,13 +203,13 @@ def load_tensor_parallel_component(
         reports = cohort.exchange("build", built if built is not CohortStatus.MISS else CohortStatus.FAILED, code)
         if all(report.status is CohortStatus.HIT for report in reports):
             assert resolution.lease is not None
-            return restore(resolution.lease)
+            return load.restore(resolution.lease, resolution)
         if resolution.lease is not None:
             resolution.lease.close()
-        if mode is RuntimeMode.REQUIRED:
+        if required:
             cohort.raise_if_any_failed("build", reports)
-        return canonical(publish=False)
-    if mode is RuntimeMode.REQUIRED:
+        return load.canonical(resolution, publish=False)
+    if required:
         missing = [report.rank for report in reports if report.status is not CohortStatus.HIT]
         raise cohort_failure(
             f"ranks {missing} of the group have no artifact and REQUIRED mode without a build cannot serve them; "
@@ -198,7 +217,7 @@ def load_tensor_parallel_component(
             code=FailureCode.NOT_FOUND,
             missing_ranks=missing,
         )
-    return canonical(publish=True)
+    return load.canonical(resolution, publish=True)
 
 
 def prewarm_tensor_parallel(
@@ -217,31 +236,15 @@ def prewarm_tensor_parallel(
     rank order. Runs in REQUIRED mode with local builds allowed, like `prewarm_component`:
     a failure raises `HostWeightError`; a bad argument raises `HostWeightUsageError`.
     """
-    from .._load_options import LoadOptions
-    from ..loader import PrewarmResult, _announce, _prepare_skeleton, _required
-
     if type(tensor_parallel_size) is not int or tensor_parallel_size < 2:
         raise ValueError(f"tensor_parallel_size must be an int >= 2, got {tensor_parallel_size!r}")
-    required = _required(runtime if runtime is not None else HostWeightRuntime.from_env())
-    _announce(required)
-    skeleton = _prepare_skeleton(
-        model_or_path,
-        subfolder=subfolder,
-        revision=revision,
-        parallel=FinalLayoutParallelIdentity(tensor_parallel_size=tensor_parallel_size),
-        cache_dir=Path(cache_dir) if cache_dir is not None else None,
-        options=LoadOptions(),
+    required = runtime_for_load(required_runtime(runtime if runtime is not None else HostWeightRuntime.from_env()))
+    location = ComponentLocation(model_or_path, subfolder, revision, Path(cache_dir) if cache_dir is not None else None)
+    skeleton = prepare_skeleton(
+        location, LoadOptions(), FinalLayoutParallelIdentity(tensor_parallel_size=tensor_parallel_size)
     )
-    if not skeleton.source.use_safetensors:
-        raise HostWeightError(
-            failure(
-                ResolutionStage.PRODUCTION,
-                FailureCode.PRODUCER_UNSUPPORTED,
-                f"{skeleton.source.model_or_path} has no safetensors weights; a bundle is streamed from safetensors "
-                "only. Load each rank once with load_component instead: that publishes after a canonical load",
-            )
-        )
-    contexts = _identify_every_rank(skeleton, required, FINAL_LAYOUT_BF16_POLICY, plan_for_model(skeleton.skeleton))
+    require_safetensors(skeleton, "a bundle", "Load each rank once with load_component")
+    contexts = _identify_every_rank(skeleton, required, FINAL_LAYOUT_BF16_POLICY, plan_for_model(skeleton.model))
     producer = FinalLayoutBF16BundleProducer(contexts)
     results: list[PrewarmResult] = []
     for context in contexts:  # the first resolve builds every missing rank; the others then hit
@@ -262,26 +265,20 @@ def prewarm_tensor_parallel(
 
 
 def _identify_every_rank(
-    skeleton: _Skeleton, runtime: HostWeightRuntime, policy: FinalLayoutTensorPolicy, plan: TensorParallelPlan
+    skeleton: ComponentSkeleton, runtime: HostWeightRuntime, policy: FinalLayoutTensorPolicy, plan: TensorParallelPlan
 ) -> tuple[FinalLayoutIdentityContext, ...]:
     """Every rank's identity context; the skeleton is localized to the (shared) per-rank shapes."""
-    from ..loader import _digest_cache
-
     return identify_ranks(
         skeleton.holder,
         dit_name=skeleton.component_name,
-        skeleton=skeleton.skeleton,
+        skeleton=skeleton.model,
         prepared_sources=[skeleton.source],
         request=skeleton.request,
         policy=policy,
         ranks=list(range(skeleton.request.parallel.tensor_parallel_size)),
-        source_digest_cache=_digest_cache(runtime),
+        source_digest_cache=node_digest_cache(runtime),
         plan=plan,
     )
-
-
-def _single(context: FinalLayoutIdentityContext) -> FinalLayoutBF16CheckpointProducer:
-    return FinalLayoutBF16CheckpointProducer(context)
 
 
 def _status(outcome: ResolutionOutcome, lease: HostWeightLease | None) -> CohortStatus:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .names import CANONICAL, COLD, HOT
+from .pipeline_rows import render as render_pipeline_rows
 from .runner import BenchReport
 
 __all__ = ["markdown", "result_path"]
@@ -190,6 +191,7 @@ def markdown(report: BenchReport) -> str:
         *_startup_lines(data.get("cli_startup")),
         *_verification_lines(data.get("background_verification")),
         *_tensor_parallel_lines(data.get("tensor_parallel")),
+        *([] if not data.get("pipeline") else ["", "**Whole pipeline**: " + render_pipeline_rows(data["pipeline"])]),
         "",
         "**Goals** (reported, not asserted)",
         "",

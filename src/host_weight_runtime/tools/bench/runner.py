@@ -65,6 +65,7 @@ from .names import (
     WARM_VERIFY_ON,
 )
 from .peers import PEERS, Peer, PeerFormat, peer_file_name, peer_unavailable_reason, write_peer_files
+from .pipeline_rows import measure_pipeline_rows
 from .remote import measure_remote_throughput, remote_targets
 from .startup import measure_cli_startup
 from .stats import Stats
@@ -99,6 +100,7 @@ class BenchOptions:
     remote_s3_row: bool = True  # False: node B's time to ready over file:// only (S3 throughput still measured)
     tensor_parallel_sizes: tuple[int, ...] = (2, 4)  # TP rows; () measures none
     tensor_parallel_runs: int = 3  # per TP size: bundle builds and groups of 2 replicas x N fresh ranks
+    pipeline_rows: bool = True  # whole-pipeline rows (pipeline_rows.py), transformer of size_gib FP32
 
     def __post_init__(self) -> None:
         if not 0 < self.size_gib <= 64:
@@ -586,6 +588,16 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
                 runs=min(options.runs, options.tensor_parallel_runs),
                 say=say,
             )
+        pipeline_report = None
+        if options.pipeline_rows:
+            pipeline_report = measure_pipeline_rows(
+                transformer_mib=max(16, int(options.size_gib * 1024)),
+                runs=options.runs,
+                workers=options.workers,
+                workdir=disk_parent,
+                timeout_s=options.timeout_s,
+                say=say,
+            )
         elapsed = time.perf_counter() - started
         data: dict[str, Any] = {
             "date": time.strftime("%Y-%m-%d"),
@@ -618,6 +630,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
             "background_verification": _verification_dict(results),
             "remote": {**remotes.to_dict(), "throughput": remote_throughput, "rows_not_measured": rows_not_measured},
             "tensor_parallel": tensor_parallel,
+            "pipeline": pipeline_report,
             "elapsed_s": elapsed,
         }
         data["goals"] = goals(data)

@@ -1,0 +1,159 @@
+"""The source step: where a component's files are, which checkpoint files a load reads, and which class they hold.
+
+Everything here is cheap and hashes nothing: a bad folder, a damaged checkpoint header or a
+config.json that names no model class is refused up front, in every mode, as a usage error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..canonical_json import decode_json
+from ..failures import HostWeightError, usage_error
+from ..runtime import HostWeightRuntime
+from ._load_options import LoadOptions
+from .model_family import ImportClock, ModelFamily
+from .producers._checkpoint import CheckpointFormatError, read_safetensors_header
+from .source_identity import (
+    NodeSourceDigestCache,
+    PreparedWeightSource,
+    WeightSourceKind,
+    is_content_id_known,
+    prepare_weight_source,
+)
+
+__all__ = [
+    "DEFAULT_COMPONENT_NAME",
+    "ComponentLocation",
+    "checkpoint_source",
+    "component_model_class",
+    "model_id",
+    "needs_hashing",
+    "node_digest_cache",
+    "read_model_config",
+    "usage_errors",
+]
+
+_LOG = logging.getLogger(__name__)
+_CONFIG_LIMIT_BYTES = 16 * 2**20
+DEFAULT_COMPONENT_NAME = "transformer"
+"""The name a component gets in tensor names when its subfolder gives none (a lone model folder)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentLocation:
+    """Where a component is, as the caller named it: a folder or cached repo id, maybe a subfolder of it."""
+
+    model_or_path: str | os.PathLike[str]
+    subfolder: str | None = None
+    revision: str | None = None
+    cache_dir: Path | None = None
+
+    @property
+    def component_name(self) -> str:
+        """The component's name in tensor names: its subfolder's last part, else `transformer`."""
+        if self.subfolder:
+            last = Path(self.subfolder).name
+            if last.isidentifier():
+                return last
+        return DEFAULT_COMPONENT_NAME
+
+    @property
+    def name_or_path(self) -> str:
+        return str(self.model_or_path)
+
+
+@contextmanager
+def usage_errors() -> Iterator[None]:
+    """A ValueError about the caller's model folder or arguments leaves as a HostWeightUsageError."""
+    try:
+        yield
+    except HostWeightError:
+        raise
+    except ValueError as exc:
+        raise usage_error(str(exc)) from exc
+
+
+def checkpoint_source(location: ComponentLocation, options: LoadOptions) -> PreparedWeightSource:
+    """The checkpoint files the canonical load would read; a problem with the folder is a HostWeightUsageError.
+
+    Every safetensors file's header is checked here (offsets inside the file, sizes matching shapes), so a
+    truncated or foreign shard is refused up front in every mode, before any hashing, build or load.
+    """
+    with usage_errors():
+        source = prepare_weight_source(
+            location.model_or_path,
+            subfolder=location.subfolder,
+            revision=location.revision,
+            prefix=f"{location.component_name}.",
+            cache_dir=location.cache_dir,
+            variant=options.variant,
+            use_safetensors=options.use_safetensors,
+        )
+    if source.use_safetensors:
+        for path in source.weight_files:
+            try:
+                read_safetensors_header(path)
+            except CheckpointFormatError as exc:
+                raise usage_error(
+                    f"{exc}; the checkpoint file is damaged, incomplete or not safetensors: re-download or re-save it",
+                    file=str(path),
+                ) from exc
+            except OSError as exc:
+                raise usage_error(f"cannot read the checkpoint file {path}: {exc}", file=str(path)) from exc
+    return source
+
+
+def read_model_config(resolved_root: Path) -> tuple[Path, dict[str, Any]]:
+    """The folder's config.json, read bounded (size and nesting): a hostile or broken one is a usage error,
+    never a RecursionError or AttributeError from a parser."""
+    config_path = resolved_root / "config.json"
+    try:
+        with open(config_path, "rb") as stream:  # a hub snapshot's config.json is a link to its blob: follow it
+            config = decode_json(stream.read(_CONFIG_LIMIT_BYTES + 1), max_bytes=_CONFIG_LIMIT_BYTES)
+    except (OSError, ValueError) as exc:
+        raise usage_error(
+            f"cannot read {config_path}: {exc}; point load_component at a diffusers model folder "
+            "(its config.json must be one JSON object)"
+        ) from exc
+    if not isinstance(config, dict):
+        raise usage_error(
+            f"{config_path} holds a JSON {type(config).__name__}, not an object; it is not a diffusers model config"
+        )
+    return config_path, config
+
+
+def component_model_class(
+    source: PreparedWeightSource, family: ModelFamily, clock: ImportClock | None = None
+) -> type[Any]:
+    """The class the component's config.json names, as its family resolves it."""
+    config_path, config = read_model_config(source.resolved_root)
+    return family.model_class(config, config_path, clock)
+
+
+def model_id(model_or_path: str | os.PathLike[str], source: PreparedWeightSource) -> str:
+    """The model as the manifest shows it (never in the key): a repo id as given, a local folder by its real path."""
+    if source.source_kind is WeightSourceKind.HUGGING_FACE_HUB:
+        return str(model_or_path)
+    return os.path.realpath(model_or_path)
+
+
+def node_digest_cache(runtime: HostWeightRuntime) -> NodeSourceDigestCache | None:
+    """The node's source-digest cache under the domain root, only once the domain itself checked out."""
+    init_failure = runtime.ensure_store()
+    if init_failure is not None:
+        _LOG.info("no node source-digest cache (%s); checkpoint files are hashed directly", init_failure.message)
+        return None
+    return NodeSourceDigestCache(runtime.config.resolved_root, timeout_seconds=runtime.config.lock_timeout_s)
+
+
+def needs_hashing(source: PreparedWeightSource, runtime: HostWeightRuntime) -> bool:
+    """Whether some checkpoint file's content id is neither a trusted hub blob name nor in the node's digest cache."""
+    cache = node_digest_cache(runtime)
+    return any(not is_content_id_known(path, cache) for path in source.weight_files)

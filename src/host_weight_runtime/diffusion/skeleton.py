@@ -1,0 +1,167 @@
+"""The skeleton and identity step: a `meta` model of the component, its request, then its artifact identity.
+
+`prepare_skeleton` needs no hashing (files, class, skeleton, request); `identify_component`
+hashes the sources once per node (through the digest cache) and builds the identity on the
+skeleton, which a restore then fills in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..canonical_json import encode_canonical
+from ..runtime import HostWeightRuntime
+from ._load_options import LoadOptions
+from .component_source import (
+    ComponentLocation,
+    checkpoint_source,
+    component_model_class,
+    model_id,
+    node_digest_cache,
+    usage_errors,
+)
+from .contracts import (
+    FINAL_LAYOUT_BF16_POLICY,
+    FinalLayoutLoaderIdentity,
+    FinalLayoutParallelIdentity,
+    FinalLayoutRequest,
+    FinalLayoutTensorPolicy,
+    ImplementationIdentity,
+)
+from .diffusers_family import DIFFUSERS_FAMILY
+from .identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity
+from .model_family import ImportClock, ModelFamily
+from .models import contract_for_model
+from .source_identity import PreparedWeightSource
+
+__all__ = [
+    "LOADER_ID",
+    "ComponentHolder",
+    "ComponentSkeleton",
+    "IdentifiedComponent",
+    "identify_component",
+    "loader_identity",
+    "prepare_skeleton",
+]
+
+LOADER_ID = "host_weight_runtime.diffusion.load_component"
+"""The loader every artifact of a component load names (with `_LOADER_VERSION`) in its identity."""
+_LOADER_VERSION = "1"
+
+
+class ComponentHolder(torch.nn.Module):
+    """A one-component container, so a lone model has the `<component>.<name>` tensor names of a pipeline."""
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentSkeleton:
+    """Everything about a component that needs no hashing: its files, class, `meta` model and request."""
+
+    location: ComponentLocation
+    source: PreparedWeightSource
+    model_class: type[Any]
+    model: torch.nn.Module
+    holder: torch.nn.Module
+    request: FinalLayoutRequest
+    options: LoadOptions
+    family: ModelFamily
+
+    @property
+    def component_name(self) -> str:
+        return self.location.component_name
+
+
+@dataclass(frozen=True, slots=True)
+class IdentifiedComponent:
+    """A skeleton with its artifact identity: what the runtime resolves and a restore fills."""
+
+    skeleton: ComponentSkeleton
+    context: FinalLayoutIdentityContext
+
+
+def _json_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The config facts that shape the model: public keys plus the class name, as plain JSON."""
+    public = {key: value for key, value in config.items() if not key.startswith("_") or key == "_class_name"}
+    loaded: dict[str, Any] = json.loads(json.dumps(public, sort_keys=True, default=str))
+    return loaded
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(encode_canonical(value)).hexdigest()
+
+
+def loader_identity(
+    family: ModelFamily,
+    model_class: type[Any],
+    config: dict[str, Any],
+    keep_fp32: tuple[str, ...],
+    safetensors: bool,
+) -> FinalLayoutLoaderIdentity:
+    """Who loads the tensors and how: loader and library versions, the model's config, the BF16 transform."""
+    versions = family.library_versions()
+    implementation = ImplementationIdentity(
+        implementation_id=LOADER_ID,
+        version=_LOADER_VERSION,
+        fingerprint=_digest({"loader": LOADER_ID, "version": _LOADER_VERSION, **versions}),
+    )
+    return FinalLayoutLoaderIdentity(
+        implementation=implementation,
+        model_config_fingerprint=_digest(
+            {"class": f"{model_class.__module__}.{model_class.__qualname__}", "config": _json_config(config)}
+        ),
+        weight_transform_fingerprint=_digest(
+            {
+                "torch_dtype": str(torch.bfloat16),
+                "keep_in_fp32_modules": list(keep_fp32),
+                "key_mapping": "identity",
+                "checkpoint_format": "safetensors" if safetensors else "pickle",
+            }
+        ),
+    )
+
+
+def prepare_skeleton(
+    location: ComponentLocation,
+    options: LoadOptions,
+    parallel: FinalLayoutParallelIdentity,
+    *,
+    family: ModelFamily = DIFFUSERS_FAMILY,
+    clock: ImportClock | None = None,
+) -> ComponentSkeleton:
+    """The source files, model class, `meta` skeleton and request: everything but the hashing."""
+    source = checkpoint_source(location, options)
+    model_class = component_model_class(source, family, clock)
+    with usage_errors():
+        model = family.build_skeleton(model_class, source.resolved_root, location.name_or_path)
+    holder = ComponentHolder()
+    holder.add_module(location.component_name, model)
+    contract = contract_for_model(model)
+    config = family.model_config(model_class, source.resolved_root)
+    request = FinalLayoutRequest(
+        model_id=model_id(location.model_or_path, source),
+        loader=loader_identity(family, model_class, config, contract.keep_in_fp32_modules, source.use_safetensors),
+        parallel=parallel,
+    )
+    return ComponentSkeleton(location, source, model_class, model, holder, request, options, family)
+
+
+def identify_component(
+    skeleton: ComponentSkeleton,
+    runtime: HostWeightRuntime,
+    policy: FinalLayoutTensorPolicy = FINAL_LAYOUT_BF16_POLICY,
+) -> IdentifiedComponent:
+    """Hash the sources (once per node, through the digest cache) and build the identity on the skeleton."""
+    context = build_final_layout_identity(
+        skeleton.holder,
+        dit_modules=[(skeleton.component_name, skeleton.model)],
+        prepared_sources=[skeleton.source],
+        request=skeleton.request,
+        policy=policy,
+        source_digest_cache=node_digest_cache(runtime),
+    )
+    return IdentifiedComponent(skeleton, context)
