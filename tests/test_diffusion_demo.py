@@ -99,7 +99,7 @@ def test_demo_removes_its_folders_when_a_child_fails(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(tempfile, "mkdtemp", recording_mkdtemp)
     monkeypatch.setattr(flux_demo, "_child_command", dying_child)
-    monkeypatch.setattr(flux_demo, "save_flux_pipeline_folder", lambda root, **_kwargs: root.mkdir())
+    monkeypatch.setattr(flux_demo, "save_proportional_flux_pipeline", lambda root, **_kwargs: root.mkdir())
     with pytest.raises(DemoError, match="canonical exited with status 3"):
         flux_demo.run_demo(size_mib=1, workers=1)
     assert len(created) == 2

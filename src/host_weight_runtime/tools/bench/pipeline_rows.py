@@ -193,6 +193,9 @@ class _Worker:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                stream.close()
 
 
 @dataclass(frozen=True, slots=True)
