@@ -336,3 +336,29 @@ def test_a_worker_on_an_unusable_domain_serves_canonically_and_says_so(
     finally:
         assert _stop(service, signal.SIGINT) == 0
     assert not any(bad.iterdir()), "a refused domain root must not be written to"
+
+
+def test_a_full_domain_serves_canonically_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """P05: a worker whose domain is full (HWR_MAX_STORE_BYTES below one artifact) loads the pipeline canonically
+    in PREFERRED; its report, which /status shows, names the typed, retryable capacity failure per served
+    component, and nothing is published."""
+    model = save_tiny_pipeline(tmp_path / "flux", "flux", seed=3)
+    root = tmp_path / "hwr"
+    root.mkdir(mode=0o700)
+    for name, value in (("HWR_ROOT", str(root)), ("HWR_MODE", "preferred"), ("HWR_MAX_STORE_BYTES", "4096")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.syspath_prepend(str(SERVE_EXAMPLE))
+    import serve_loading
+
+    served = serve_loading.load_served_pipeline(str(model))
+    try:
+        reports = {name: report for name, report in served.components.items() if report["handling"] == "served"}
+        assert {"transformer", "vae"} <= reports.keys()
+        for name, report in reports.items():
+            assert report["outcome"] == "canonical_fallback" and report["load_path"] == "canonical", name
+            failure = report["publication_report"]["failure"]
+            assert failure["code"] in {"store_limit_exceeded", "artifact_too_large"} and failure["retryable"], name
+        assert served.domain_error is None
+        assert not any((root / "artifacts").glob("*"))
+    finally:
+        served.close()

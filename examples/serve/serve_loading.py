@@ -78,7 +78,13 @@ def load_served_pipeline(model: str) -> ServedPipeline:
         if record.name in loaded.components:
             served = loaded.components[record.name]
             attempts = served.resolution.to_dict()["attempts"]
-            components[record.name] = {**record.to_dict(), **served.summary(), "attempts": attempts}
+            publication = None if served.publication is None else served.publication.to_dict()
+            components[record.name] = {
+                **record.to_dict(),
+                **served.summary(),
+                "attempts": attempts,
+                "publication_report": publication,  # why publishing failed, if it did (a full domain, ...)
+            }
         elif isinstance(getattr(loaded.pipeline, record.name, None), torch.nn.Module):
             components[record.name] = {**record.to_dict(), "load_path": "canonical", "outcome": "not_served"}
     elapsed = time.perf_counter() - started
