@@ -12,14 +12,14 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[test,lint,diffusion,bench,remote]"
+	$(BIN)/python -m pip install --quiet -e ".[test,lint,diffusion,bench,remote,serve]"
 	touch $(STAMP)
 
 test: setup
 	$(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy --strict src
 
 demo: setup

@@ -55,11 +55,21 @@ def register(commands: Subcommands) -> None:
     sub.add_argument(
         "--out", type=Path, default=None, metavar="DIR", help="results folder (default benchmarks/results, else .)"
     )
+    sub.add_argument(
+        "--serve",
+        action="store_true",
+        help="instead: the serving example with 1, 2, 4 LitServe workers, canonical vs load_pipeline (`serve` extra)",
+    )
+    sub.add_argument(
+        "--serve-mib", type=positive_int, default=128, metavar="MIB", help="FP32 transformer MiB for --serve"
+    )
     add_json_option(sub)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark with the options given, write both result files, print the Markdown (or the JSON)."""
+    if args.serve:
+        return _run_serve(args)
     # The application layer may use the adapters; the core never does (C08).
     from ..tools.bench.report import markdown, result_path
     from ..tools.bench.runner import BenchOptions, run_bench
@@ -98,6 +108,30 @@ def run(args: argparse.Namespace) -> int:
 
         stdout_console().print(Markdown(text))
         console.print(Text(f"wrote {json_path} and {markdown_path}"))
+    return EXIT_OK
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    """`hwr bench --serve`: the serving benchmark's rows and goals, written next to the other results."""
+    from ..tools.bench.report import result_path
+    from ..tools.bench.serve import ServeBenchOptions, run_serve_bench, serve_markdown
+
+    out_dir: Path = args.out if args.out is not None else _default_results_dir()
+    if not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is not a directory")
+    options = ServeBenchOptions(transformer_bytes=args.serve_mib * 2**20, workdir=args.workdir)
+    with stderr_console().status("hwr bench --serve: setting up") as status:
+        data = run_serve_bench(options, say=lambda line: status.update(f"hwr bench --serve: {line}"))
+    json_path = result_path(out_dir, "-serve.json")
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    text = serve_markdown(data)
+    result_path(out_dir, "-serve.md").write_text(text)
+    if args.json:
+        print_json(data)
+    else:
+        from rich.markdown import Markdown
+
+        stdout_console().print(Markdown(text))
     return EXIT_OK
 
 
