@@ -60,13 +60,13 @@ from .common import JsonValue, remove_tree
 from .demo_store import (
     SHM,
     DemoError,
-    _artifact_memory,
     _expect,
     _memory_rollup,
     _run_child_group,
     _send,
     _terminate_as_exit,
 )
+from .memory import mapped_memory
 from .synthetic_models import TRANSFORMER_SUBFOLDER, forward_inputs, run_forward, save_flux_pipeline_folder
 
 __all__ = [
@@ -306,7 +306,7 @@ def child_main(path: str, pipeline: Path, root: Path, reference: Path, reference
         lease = None if loaded is None else loaded.lease
         artifact_pss = artifact_bytes = 0
         if lease is not None:
-            _, artifact_pss = _artifact_memory([(region.address, region.length) for region in lease.mapped_regions])
+            _, artifact_pss = mapped_memory([(region.address, region.length) for region in lease.mapped_regions])
             artifact_bytes = sum(entry.size for entry in lease.manifest.files)
         if path == CANONICAL:
             inputs = forward_inputs(_KIND, model, seed=reference_seed)

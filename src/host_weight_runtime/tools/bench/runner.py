@@ -40,11 +40,12 @@ from host_weight_runtime.diffusion import load_component, prewarm_component
 
 from ..common import JsonValue, remove_tree
 from ..demo_store import _terminate_as_exit
+from ..memory import memory_rollup, weights_pss
 from ..synthetic_models import TRANSFORMER_SUBFOLDER, save_flux_pipeline_folder, save_hub_snapshot
 from .batch import WorkerBatch, evict_from_page_cache
 from .goals import goals, ratio
 from .machine import describe_machine, filesystem_type
-from .measure import LoadKind, RowSpec, memory_rollup
+from .measure import LoadKind, RowSpec
 from .names import (
     CANONICAL,
     CANONICAL_HUB,
@@ -268,7 +269,8 @@ class _Measurements:
         return _summarize_solo(rows)
 
     def group(self, row: _Row) -> dict[str, JsonValue]:
-        """`workers` fresh processes loading together and holding their models while their PSS is read."""
+        """`workers` fresh processes loading together and holding their models while their PSS is read: the
+        whole processes' and that of the memory holding their weights (for a hit, the artifact's mappings)."""
         sums: list[float] = []
         weights: list[float] = []
         workers = self._options.workers
@@ -280,13 +282,12 @@ class _Measurements:
                 indices = list(range(workers))
                 rows, _ = batch.go(indices)
                 pss_now = [memory_rollup(batch.pid(index))[1] for index in indices]
+                weights_now = [weights_pss(row["weight_spans"], row["pid"]) for row in rows]
                 batch.release(indices)
             finally:
                 batch.close()
             sums.append(float(sum(pss_now)))
-            weights.append(
-                float(sum(now - item["baseline_pss_bytes"] for now, item in zip(pss_now, rows, strict=True)))
-            )
+            weights.append(float(sum(weights_now)))
         return {"pss_sum_bytes": Stats.of(sums).to_dict(), "weights_pss_sum_bytes": Stats.of(weights).to_dict()}
 
     def cold_starters(self, row: _Row) -> dict[str, Any]:
