@@ -121,6 +121,11 @@ CASES: list[tuple[str, bool, Plant, str]] = [
 # A checkpoint whose header is sound but whose tensors do not fit the model: typed in both modes, but the
 # failure comes from where it is found (the canonical load, or the streaming producer in REQUIRED).
 MISMATCHED: list[tuple[str, Plant]] = [("tensors_missing", _drop_some_tensors), ("tensor_shape_wrong", _wrong_shape)]
+# What each mismatch's message says is wrong (the canonical load finds both).
+MISMATCH_TEXT = {
+    "tensors_missing": "tensor(s) the model needs, e.g.",
+    "tensor_shape_wrong": "the checkpoint does not match its config.json",
+}
 
 
 @pytest.fixture(scope="module")
@@ -182,13 +187,15 @@ def test_checkpoint_that_does_not_fit_the_model_is_typed_and_never_published(
     """D14 (issue 14): a well-formed checkpoint lacking tensors or holding a wrong shape is CANONICAL_SOURCE_FAILED
     in PREFERRED (never a model with uninitialised tensors, never published as if ok) and a typed HostWeightError
     in REQUIRED; the domain holds nothing afterwards."""
-    del case
     folder = broken_copy(saved, tmp_path, False, plant)
     preferred_root, required_root = tmp_path / "preferred", tmp_path / "required"
     with pytest.raises(HostWeightUsageError) as preferred:
         load_component(folder, runtime=runtime_at(preferred_root, RuntimeMode.PREFERRED))
     assert preferred.value.code is FailureCode.CANONICAL_SOURCE_FAILED
-    assert "config.json" in str(preferred.value) or "re-download" in str(preferred.value)
+    message = str(preferred.value)
+    assert f"the checkpoint in {folder}" in message or f"diffusers could not load {folder}" in message, message
+    assert MISMATCH_TEXT[case] in message, message
+    assert message.endswith("re-download the model folder"), message
     with pytest.raises(HostWeightError) as required:
         load_component(folder, runtime=runtime_at(required_root, RuntimeMode.REQUIRED))
     assert required.value.code in (FailureCode.PRODUCER_FAILED, FailureCode.CANONICAL_SOURCE_FAILED)
