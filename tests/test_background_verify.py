@@ -1,4 +1,4 @@
-"""Background full verification once per publication per node (issue 14, finding 3; HWR_BACKGROUND_VERIFY).
+"""Background full verification once per publication per node (HWR_BACKGROUND_VERIFY).
 
 The default lookup does not hash payloads, so the first lease of a tampered artifact is served
 (documented). Its background verification then denies the artifact, so the next resolve falls back

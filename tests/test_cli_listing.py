@@ -1,4 +1,4 @@
-"""`hwr inspect`, `hwr verify` and `hwr cleanup` as a new user runs them (issue 15, items 5 and 6).
+"""`hwr inspect`, `hwr verify` and `hwr cleanup` as a new user runs them.
 
 Artifacts come from `hwr prewarm` on small real diffusers models (a Hugging Face cache
 snapshot with default and fp16 weights, and a local pipeline folder); the read-only commands
@@ -111,8 +111,8 @@ def _rows(stdout: str, keys: list[str]) -> dict[str, str]:
 
 def test_read_only_commands_import_neither_torch_nor_diffusers(domain: Domain) -> None:
     """`hwr --help`, `hwr inspect` (empty and full domain), `hwr verify --full`, `hwr cleanup --dry-run` and
-    `hwr cleanup --model --dry-run` finish without importing torch or diffusers (the start-up cost of every
-    command before issue 15); `hwr bench` reports the resulting start-up time."""
+    `hwr cleanup --model --dry-run` finish without importing torch or diffusers (once the start-up cost of every
+    command); `hwr bench` reports the resulting start-up time."""
     key = domain.prewarmed["hub"]["identity_key"]
     empty = domain.root.parent / "empty-domain"
     FilesystemHostWeightStore(empty)

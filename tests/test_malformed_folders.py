@@ -1,4 +1,4 @@
-"""`load_component` on malformed model folders (issue 14): each is a clear typed error, never an untyped
+"""`load_component` on malformed model folders: each is a clear typed error, never an untyped
 traceback from inside diffusers, and nothing is ever published for it, in PREFERRED or REQUIRED.
 
 Real diffusers models, saved for real and then broken the way a bad download or a hostile co-tenant breaks
@@ -163,7 +163,7 @@ def assert_nothing_published(root: Path) -> None:
 def test_malformed_model_folder_is_a_usage_error_and_publishes_nothing(
     saved: dict[bool, Path], tmp_path: Path, mode: RuntimeMode, case: tuple[str, bool, Plant, str]
 ) -> None:
-    """D14 S10 (issue 14): no config, a config naming os.system / a non-model class / not a JSON object, an index
+    """D14 S10: no config, a config naming os.system / a non-model class / not a JSON object, an index
     naming a missing shard or with a malformed weight map, a truncated or foreign shard: HostWeightUsageError
     saying what to fix, in PREFERRED as in REQUIRED, and no artifact or residue in the domain."""
     _name, sharded, plant, names = case
@@ -184,7 +184,7 @@ def test_malformed_model_folder_is_a_usage_error_and_publishes_nothing(
 def test_checkpoint_that_does_not_fit_the_model_is_typed_and_never_published(
     saved: dict[bool, Path], tmp_path: Path, case: str, plant: Plant
 ) -> None:
-    """D14 (issue 14): a well-formed checkpoint lacking tensors or holding a wrong shape is CANONICAL_SOURCE_FAILED
+    """D14: a well-formed checkpoint lacking tensors or holding a wrong shape is CANONICAL_SOURCE_FAILED
     in PREFERRED (never a model with uninitialised tensors, never published as if ok) and a typed HostWeightError
     in REQUIRED; the domain holds nothing afterwards."""
     folder = broken_copy(saved, tmp_path, False, plant)
