@@ -318,7 +318,7 @@ def child_main(path: str, pipeline: Path, root: Path, reference: Path, reference
         publication_ms: float | None = None
         failure: str | None = None
         if loaded is not None:
-            outcome = "none" if loaded.outcome is None else loaded.outcome.value
+            outcome = loaded.outcome.value
             if loaded.publication is not None:
                 publication = loaded.publication.status.value
                 publication_ms = loaded.publication.elapsed_s * 1000.0
@@ -350,12 +350,11 @@ def child_main(path: str, pipeline: Path, root: Path, reference: Path, reference
 
 def _failure_text(loaded: LoadedComponent) -> str | None:
     """The first failure the load reported (identity, restore, resolution, publication), as `[code] message`."""
-    resolution = loaded.resolution
     publication = loaded.publication
     for problem in (
         loaded.identity_failure,
         loaded.restore_failure,
-        None if resolution is None else resolution.failure,
+        loaded.resolution.failure,
         None if publication is None else publication.failure,
     ):
         if problem is not None:

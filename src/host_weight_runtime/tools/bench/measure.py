@@ -319,7 +319,7 @@ def _component_facts(component: LoadedComponent | None) -> dict[str, JsonValue]:
             for problem in (
                 component.identity_failure,
                 component.restore_failure,
-                None if component.resolution is None else component.resolution.failure,
+                component.resolution.failure,
                 None if publication is None else publication.failure,
             )
             if problem is not None
@@ -327,8 +327,8 @@ def _component_facts(component: LoadedComponent | None) -> dict[str, JsonValue]:
         None,
     )
     return {
-        "outcome": None if component.outcome is None else component.outcome.value,
-        "attempts": [] if component.resolution is None else [a.result.value for a in component.resolution.attempts],
+        "outcome": component.outcome.value,
+        "attempts": [attempt.result.value for attempt in component.resolution.attempts],
         "load_path": component.load_path.value,
         "identity_key": component.identity_key or None,
         "publication": None if publication is None else publication.status.value,

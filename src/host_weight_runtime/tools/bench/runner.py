@@ -192,7 +192,7 @@ def _runtime(root: Path) -> HostWeightRuntime:
 def _final_layout_state_dict(pipeline: Path, root: Path) -> dict[str, torch.Tensor]:
     """The published artifact's tensors under the model's own state-dict names (a copy, so the lease can close)."""
     with load_component(pipeline, subfolder=TRANSFORMER_SUBFOLDER, runtime=_runtime(root)) as loaded:
-        if loaded.outcome is None or loaded.outcome.value != "local_hit":
+        if loaded.outcome.value != "local_hit":
             raise RuntimeError(f"setup expected a local hit on {root}, got {loaded.summary()}")
         return {name: tensor.detach().clone() for name, tensor in loaded.model.state_dict().items()}
 
