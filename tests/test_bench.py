@@ -41,7 +41,8 @@ from host_weight_runtime.tools.bench.names import (
 )
 from host_weight_runtime.tools.bench.peers import PEERS, Peer, PeerFormat
 from host_weight_runtime.tools.bench.report import markdown
-from host_weight_runtime.tools.bench.runner import BenchReport, _huge_tmpfs, unavailable_peers
+from host_weight_runtime.tools.bench.runner import BenchReport
+from host_weight_runtime.tools.bench.setup import huge_tmpfs, unavailable_peers
 from host_weight_runtime.tools.bench.worker import ENV_PROFILE
 from host_weight_runtime.tools.memory import mapped_memory, merged_spans, weights_pss
 from host_weight_runtime.tools.synthetic_models import (
@@ -131,7 +132,7 @@ def weight_spans_of(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
 
 def test_huge_page_tmpfs_is_mounted_and_unmounted_or_the_reason_is_given(tmp_path: Path) -> None:
     """The benchmark mounts a huge=always tmpfs where it may, and says why where it may not."""
-    with _huge_tmpfs(tmp_path, 64 * MIB, wanted=True) as (mountpoint, status):
+    with huge_tmpfs(tmp_path, 64 * MIB, wanted=True) as (mountpoint, status):
         mounts = Path("/proc/mounts").read_text()
         if mountpoint is None:
             assert status.startswith("not mounted")
@@ -140,7 +141,7 @@ def test_huge_page_tmpfs_is_mounted_and_unmounted_or_the_reason_is_given(tmp_pat
             assert line.split()[2] == "tmpfs" and "huge=always" in line
     if mountpoint is not None:
         assert str(mountpoint) not in Path("/proc/mounts").read_text()
-    with _huge_tmpfs(tmp_path, 64 * MIB, wanted=False) as (nothing, status):
+    with huge_tmpfs(tmp_path, 64 * MIB, wanted=False) as (nothing, status):
         assert nothing is None and "not asked for" in status
 
 
