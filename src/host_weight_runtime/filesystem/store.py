@@ -11,6 +11,7 @@ The store is the front door; each of its jobs lives in one private module:
 - `_lookup`: validate a published artifact and map it into a lease (`ArtifactLookup.make_lease`);
 - `_build`: the build lock, join, quarantine-and-rebuild, and running the producer into staging;
 - `_bundle`: ARTIFACT_BUNDLE builds, one producer pass for several outputs, each published atomically;
+- `_staging`: the steps both build paths share (stale staging, a new staging directory, the manifest);
 - `_publication`: sealing staging (manifest, READY, permissions, fsync) and the commit rename;
 - `_deny`: deny markers for artifacts that failed validation;
 - `_verify`: the background full verification of each publication once per node (HWR_BACKGROUND_VERIFY);
