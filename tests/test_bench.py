@@ -7,6 +7,7 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import signal
 import tempfile
 import warnings
@@ -487,9 +488,14 @@ def _bench_until_paused(workdir: str, conn: Connection) -> None:
     run_bench(options)
 
 
+def _bench_scratch_dirs() -> set[Path]:
+    """The runner's /dev/shm scratch folders (mkdtemp: the prefix and 8 random characters), not other tools'."""
+    return {path for path in Path("/dev/shm").glob("hwr-bench-*") if re.fullmatch(r"hwr-bench-\w{8}", path.name)}
+
+
 def test_sigterm_removes_the_folders_and_the_huge_page_mount(tmp_path: Path) -> None:
     """A benchmark stopped with SIGTERM leaves nothing behind: no work folders, no tmpfs mount."""
-    shm_before = set(Path("/dev/shm").glob("hwr-bench-*"))
+    shm_before = _bench_scratch_dirs()
     parent_conn, child_conn = SPAWN.Pipe()
     with reaped_children() as children:
         child = SPAWN.Process(target=_bench_until_paused, args=(str(tmp_path), child_conn), daemon=True)
@@ -505,7 +511,7 @@ def test_sigterm_removes_the_folders_and_the_huge_page_mount(tmp_path: Path) -> 
         assert child.exitcode == 128 + signal.SIGTERM
     assert list(tmp_path.iterdir()) == []
     assert str(tmp_path) not in Path("/proc/mounts").read_text()
-    assert set(Path("/dev/shm").glob("hwr-bench-*")) == shm_before
+    assert _bench_scratch_dirs() == shm_before
 
 
 def test_bench_reports_what_the_background_verification_costs(bench_run: tuple[int, Path]) -> None:
