@@ -267,7 +267,7 @@ def _run_bench(out: Path) -> int:
         [
             "bench",
             "--size",
-            "0.02",
+            "0.05",
             "--runs",
             "1",
             "--workers",
