@@ -9,8 +9,6 @@ import neither torch nor diffusers.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -75,43 +73,27 @@ def _hwr(*args: str, columns: int = 80, stdin: int | None = subprocess.DEVNULL) 
     )
 
 
-def _prewarm(*args: str) -> dict[str, Any]:
-    output = io.StringIO()
-    with contextlib.redirect_stdout(output):
-        assert cli.main(["prewarm", *args, "--json"]) == 0
-    report: dict[str, Any] = json.loads(output.getvalue())
+def _prewarm(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert cli.main(["prewarm", *args, "--json"]) == 0
+    report: dict[str, Any] = json.loads(capsys.readouterr().out)
     return report
 
 
-def _build_domain(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Domain:
-    """Three prewarmed artifacts in `folder`/domain, from a hub snapshot (two variants) and a local folder."""
-    isolate_environment(monkeypatch, folder)
-    cache = folder / "hub"
-    save_hub_snapshot(cache, REPO_ID, save_variant_folder(folder / "variants", seed=3), revision=COMMIT)
-    local = save_pipeline_folder(folder / "models" / "local-flux", KIND, seed=4)
-    root = folder / "domain"
+@pytest.fixture
+def domain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Iterator[Domain]:
+    isolate_environment(monkeypatch, tmp_path)
+    cache = tmp_path / "hub"
+    save_hub_snapshot(cache, REPO_ID, save_variant_folder(tmp_path / "variants", seed=3), revision=COMMIT)
+    local = save_pipeline_folder(tmp_path / "models" / "local-flux", KIND, seed=4)
+    root = tmp_path / "domain"
     hub = ["--subfolder", SUBFOLDER, "--cache-dir", str(cache), "--root", str(root)]
     prewarmed = {
-        "hub": _prewarm(REPO_ID, *hub),
-        "hub-fp16": _prewarm(REPO_ID, *hub, "--variant", "fp16"),
-        "local": _prewarm(str(local), "--subfolder", SUBFOLDER, "--root", str(root)),
+        "hub": _prewarm(capsys, REPO_ID, *hub),
+        "hub-fp16": _prewarm(capsys, REPO_ID, *hub, "--variant", "fp16"),
+        "local": _prewarm(capsys, str(local), "--subfolder", SUBFOLDER, "--root", str(root)),
     }
     assert len({report["identity_key"] for report in prewarmed.values()}) == 3
-    return Domain(root, cache, local, prewarmed)
-
-
-@pytest.fixture
-def domain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Domain:
-    """A domain of its own, for a test that changes it (cleanup, leases)."""
-    return _build_domain(tmp_path, monkeypatch)
-
-
-@pytest.fixture(scope="module")
-def shared_domain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Domain]:
-    """One domain for the tests that only read it (inspect, dry runs): built once for the module. The
-    80-column test keeps a fresh domain: its layout depends on the artifacts' age ("just now")."""
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        yield _build_domain(tmp_path_factory.mktemp("shared"), monkeypatch)
+    yield Domain(root, cache, local, prewarmed)
 
 
 def _rows(stdout: str, keys: list[str]) -> dict[str, str]:
@@ -127,14 +109,14 @@ def _rows(stdout: str, keys: list[str]) -> dict[str, str]:
 # ----------------------------------------------------------------------------- start-up
 
 
-def test_read_only_commands_import_neither_torch_nor_diffusers(shared_domain: Domain) -> None:
+def test_read_only_commands_import_neither_torch_nor_diffusers(domain: Domain) -> None:
     """`hwr --help`, `hwr inspect` (empty and full domain), `hwr verify --full`, `hwr cleanup --dry-run` and
     `hwr cleanup --model --dry-run` finish without importing torch or diffusers (once the start-up cost of every
     command); `hwr bench` reports the resulting start-up time."""
-    key = shared_domain.prewarmed["hub"]["identity_key"]
-    empty = shared_domain.root.parent / "empty-domain"
+    key = domain.prewarmed["hub"]["identity_key"]
+    empty = domain.root.parent / "empty-domain"
     FilesystemHostWeightStore(empty)
-    root = str(shared_domain.root)
+    root = str(domain.root)
     commands = [
         (["--help"], 0),
         (["inspect", "--root", str(empty)], 0),
@@ -156,15 +138,15 @@ def test_read_only_commands_import_neither_torch_nor_diffusers(shared_domain: Do
         )
         report = json.loads(completed.stderr.strip().splitlines()[-1])
         assert report == {"status": expected, "imported": []}, (args, completed.stderr)
-    assert sorted(path.name for path in (shared_domain.root / "artifacts").iterdir()) == sorted(
-        report["identity_key"] for report in shared_domain.prewarmed.values()
+    assert sorted(path.name for path in (domain.root / "artifacts").iterdir()) == sorted(
+        report["identity_key"] for report in domain.prewarmed.values()
     )
 
 
-def test_the_import_probe_sees_a_heavy_import(shared_domain: Domain) -> None:
+def test_the_import_probe_sees_a_heavy_import(domain: Domain) -> None:
     """The probe above can fail: `hwr prewarm` of a stored model (which needs the diffusers model class) is
     reported importing both."""
-    args = ["prewarm", str(shared_domain.local), "--subfolder", SUBFOLDER, "--root", str(shared_domain.root), "--json"]
+    args = ["prewarm", str(domain.local), "--subfolder", SUBFOLDER, "--root", str(domain.root), "--json"]
     completed = subprocess.run(
         [sys.executable, "-c", _IMPORT_PROBE, *args],
         capture_output=True,
@@ -210,42 +192,42 @@ def test_inspect_at_80_columns_is_one_line_per_artifact_grouped_per_model(domain
     assert "3 artifacts from 2 models" in result.stdout
 
 
-def test_inspect_on_a_wide_terminal_shows_model_component_and_revision(shared_domain: Domain) -> None:
+def test_inspect_on_a_wide_terminal_shows_model_component_and_revision(domain: Domain) -> None:
     """With room, every row shows its model id (the repo id, or the folder's real path) and its component."""
-    result = _hwr("inspect", "--root", str(shared_domain.root), columns=200)
+    result = _hwr("inspect", "--root", str(domain.root), columns=200)
     assert result.returncode == 0, result.stderr
-    rows = _rows(result.stdout, [report["identity_key"] for report in shared_domain.prewarmed.values()])
+    rows = _rows(result.stdout, [report["identity_key"] for report in domain.prewarmed.values()])
     for name in ("hub", "hub-fp16"):
-        line = rows[shared_domain.prewarmed[name]["identity_key"]]
+        line = rows[domain.prewarmed[name]["identity_key"]]
         assert line.startswith(REPO_ID) and f" {SUBFOLDER} " in line and COMMIT[:8] in line
-    local = rows[shared_domain.prewarmed["local"]["identity_key"]]
-    assert local.startswith(str(shared_domain.local.resolve())) and f" {SUBFOLDER} " in local
+    local = rows[domain.prewarmed["local"]["identity_key"]]
+    assert local.startswith(str(domain.local.resolve())) and f" {SUBFOLDER} " in local
 
 
-def test_inspect_wide_prints_full_keys_revisions_and_paths_on_one_line(shared_domain: Domain) -> None:
+def test_inspect_wide_prints_full_keys_revisions_and_paths_on_one_line(domain: Domain) -> None:
     """`hwr inspect --wide` even at 80 columns: each artifact's full key, full revision, source folder and
     artifact path on its one line, nothing cut with an ellipsis."""
-    result = _hwr("inspect", "--root", str(shared_domain.root), "--wide", columns=80)
+    result = _hwr("inspect", "--root", str(domain.root), "--wide", columns=80)
     assert result.returncode == 0, result.stderr
-    rows = _rows(result.stdout, [report["identity_key"] for report in shared_domain.prewarmed.values()])
-    store = FilesystemHostWeightStore(shared_domain.root)
-    for name, report in shared_domain.prewarmed.items():
+    rows = _rows(result.stdout, [report["identity_key"] for report in domain.prewarmed.values()])
+    store = FilesystemHostWeightStore(domain.root)
+    for name, report in domain.prewarmed.items():
         line = rows[report["identity_key"]]
         assert report["identity_key"] in line and str(store.layout.artifact_dir(report["identity_key"])) in line
         assert "…" not in line
         if name.startswith("hub"):
-            assert COMMIT in line and str(shared_domain.cache) in line
+            assert COMMIT in line and str(domain.cache) in line
         else:
-            assert str(shared_domain.local.resolve() / SUBFOLDER) in line
+            assert str(domain.local.resolve() / SUBFOLDER) in line
 
 
-def test_inspect_json_carries_every_field(shared_domain: Domain) -> None:
+def test_inspect_json_carries_every_field(domain: Domain) -> None:
     """`hwr inspect --json`: per artifact the model, component, revision, dtype, the tensor bytes `hwr prewarm`
     reported (and the bytes on disk), tensor count, creation time and source folders."""
-    result = _hwr("inspect", "--root", str(shared_domain.root), "--json")
+    result = _hwr("inspect", "--root", str(domain.root), "--json")
     assert result.returncode == 0, result.stderr
     entries = {entry["key"]: entry for entry in json.loads(result.stdout)["artifacts"]}
-    for name, report in shared_domain.prewarmed.items():
+    for name, report in domain.prewarmed.items():
         entry = entries[report["identity_key"]]
         assert entry["state"] == "ready" and entry["component"] == SUBFOLDER and entry["dtype"] == "bfloat16"
         assert entry["tensor_bytes"] == report["total_bytes"] and entry["tensor_count"] == report["tensor_count"]
@@ -257,8 +239,8 @@ def test_inspect_json_carries_every_field(shared_domain: Domain) -> None:
                 "models--hwr-test--tiny-flux-listing"
             ]
         else:
-            assert entry["model_id"] == str(shared_domain.local.resolve()) and entry["revision"] is None
-            assert entry["source_paths"] == [str(shared_domain.local.resolve() / SUBFOLDER)]
+            assert entry["model_id"] == str(domain.local.resolve()) and entry["revision"] is None
+            assert entry["source_paths"] == [str(domain.local.resolve() / SUBFOLDER)]
 
 
 # ----------------------------------------------------------------------------- cleanup
