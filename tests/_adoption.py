@@ -1,4 +1,4 @@
-"""Helpers for the adoption tests (issue 15): real diffusers folders with variants, README blocks, fresh processes.
+"""Helpers for the adoption tests: real diffusers folders with variants, README blocks, fresh processes.
 
 A diffusers user's call is run as written: folders are saved by diffusers' own
 `save_pretrained` (with `variant=` where the test needs variant files), and the README's

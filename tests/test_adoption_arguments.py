@@ -1,4 +1,4 @@
-"""Issue 15, item 2: the `from_pretrained` arguments a diffusers user pastes are honoured, accepted or refused with
+"""The `from_pretrained` arguments a diffusers user pastes are honoured, accepted or refused with
 one catchable error (HostWeightUsageError, both a HostWeightError and a ValueError) that names the argument."""
 
 from __future__ import annotations

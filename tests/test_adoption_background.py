@@ -1,4 +1,4 @@
-"""Issue 15, items 1 and 5: a script that just ends still publishes in the background, `outcome` is always a
+"""A script that just ends still publishes in the background, `outcome` is always a
 ResolutionOutcome, and the first import of diffusers is reported apart from the load."""
 
 from __future__ import annotations

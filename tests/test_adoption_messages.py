@@ -1,4 +1,4 @@
-"""Messages a new user meets first (issue 15, item 6), from the library and from `hwr`, on real models.
+"""Messages a new user meets first, from the library and from `hwr`, on real models.
 
 A wrong `subfolder` in a cached repo is the caller's mistake, not the cache's: the message
 names the snapshot and the subfolders that hold a config.json. Every fix is said in the

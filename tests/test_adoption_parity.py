@@ -1,4 +1,4 @@
-"""Issue 15, item 4: a hit is the same module as a miss for what inference code does with it: `requires_grad` as
+"""A hit is the same module as a miss for what inference code does with it: `requires_grad` as
 diffusers gives it, and `copy.deepcopy` yields an independent model that owns plain tensors and holds no lease."""
 
 from __future__ import annotations

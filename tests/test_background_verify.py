@@ -1,4 +1,4 @@
-"""Background full verification once per publication per node (issue 14, finding 3; HWR_BACKGROUND_VERIFY).
+"""Background full verification once per publication per node (HWR_BACKGROUND_VERIFY).
 
 The default lookup does not hash payloads, so the first lease of a tampered artifact is served
 (documented). Its background verification then denies the artifact, so the next resolve falls back
@@ -27,6 +27,7 @@ from host_weight_runtime.cli import main as hwr
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
 from host_weight_runtime.failures import FailureCode
 from host_weight_runtime.filesystem._verify import (
+    VERIFIER_NICE_RAISE,
     BackgroundVerifyMode,
     VerificationLedger,
     background_verify_mode,
@@ -276,6 +277,35 @@ def test_closing_the_lease_abandons_the_verification_without_a_record(tmp_path: 
     claim = try_lock(store.layout.verify_lock(key), exclusive=True)
     assert claim is not None
     claim.release()
+
+
+@pytest.mark.parametrize("raised_by", [0, 15])
+def test_the_verifier_runs_ten_nice_levels_below_the_leasing_thread(tmp_path: Path, raised_by: int) -> None:
+    """S08: the background verification raises its own thread's nice by VERIFIER_NICE_RAISE (capped at 19)
+    relative to the thread that took the lease, as the background publication does; the caller keeps its own."""
+    store = publish(tmp_path / "hwr")
+    seen: list[int] = []
+    caller: list[int] = []
+
+    def record(_point: str) -> None:  # runs on the verifier's thread
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    def lease_at_caller_nice() -> None:
+        thread_id = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread_id, caller_nice)  # this thread only; raising nice needs no privilege
+        lease = store.lookup(make_identity(), validation=META).lease
+        assert lease is not None and lease.verification is not None
+        assert lease.verification.wait(WAIT_S)
+        caller.append(os.getpriority(os.PRIO_PROCESS, thread_id))
+        lease.close()
+
+    caller_nice = min(19, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + raised_by)
+    with armed("verify.claimed", Fault(FaultAction.PAUSE, hook=record)):
+        leaser = threading.Thread(target=lease_at_caller_nice)
+        leaser.start()
+        leaser.join(WAIT_S)
+    assert seen == [min(19, caller_nice + VERIFIER_NICE_RAISE)]
+    assert caller == [caller_nice]
 
 
 def test_off_disables_and_the_setting_is_strict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

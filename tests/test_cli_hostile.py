@@ -1,4 +1,4 @@
-"""`hwr` against hostile input (issue 14): key prefixes that try to leave the domain, and hostile domain states.
+"""`hwr` against hostile input: key prefixes that try to leave the domain, and hostile domain states.
 
 Every command runs as a real subprocess (`python -m host_weight_runtime.cli`). Whatever it is given, it must
 answer with one line on stderr (`hwr COMMAND: ...`), the documented exit code (2 for a usage error, 1 for a
@@ -93,7 +93,7 @@ HOSTILE_KEYS = [
 
 @pytest.mark.parametrize("key", HOSTILE_KEYS, ids=[repr(key[:16]) for key in HOSTILE_KEYS])
 def test_hostile_key_prefixes_are_refused_by_every_key_command(tmp_path: Path, key: str) -> None:
-    """S12 (issue 14): `../`, absolute paths, globs, very long and non-hex key prefixes make verify, cleanup and push
+    """S12: `../`, absolute paths, globs, very long and non-hex key prefixes make verify, cleanup and push
     refuse with one line and exit 2 (`--json`: error code invalid_configuration); nothing in the domain or next to
     it changes."""
     root = tmp_path / "hwr"
@@ -113,7 +113,7 @@ def test_hostile_key_prefixes_are_refused_by_every_key_command(tmp_path: Path, k
 
 
 def test_a_nul_in_a_key_or_root_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """S12 (issue 14): argv cannot carry NUL, so `cli.main` gets it directly: a usage error (exit 2), never a raw
+    """S12: argv cannot carry NUL, so `cli.main` gets it directly: a usage error (exit 2), never a raw
     ValueError about an embedded null byte."""
     root = tmp_path / "hwr"
     publish(root)
@@ -126,7 +126,7 @@ def test_a_nul_in_a_key_or_root_is_refused(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_prewarm_and_cleanup_model_paths_that_leave_the_domain_touch_nothing(tmp_path: Path) -> None:
-    """S12 (issue 14): `hwr prewarm ../..` (a folder that is no model) and `hwr cleanup --model ../..` fail in one
+    """S12: `hwr prewarm ../..` (a folder that is no model) and `hwr cleanup --model ../..` fail in one
     line and build or remove nothing."""
     root = tmp_path / "hwr"
     publish(root)
@@ -221,7 +221,7 @@ STATES: list[tuple[str, Callable[[FilesystemHostWeightStore, str], None], bool]]
 def test_every_command_reports_a_hostile_domain_cleanly(
     tmp_path: Path, state: str, plant: Callable[[FilesystemHostWeightStore, str], None], domain_refused: bool
 ) -> None:
-    """S10 S12 (issue 14): against a deeply nested manifest, a non-UTF-8 READY, planted symlinks, a mode-0 artifact,
+    """S10 S12: against a deeply nested manifest, a non-UTF-8 READY, planted symlinks, a mode-0 artifact,
     a root or subdirectory of the wrong owner or mode, a garbage domain.json, every hwr command exits with its
     documented code and one typed line (`--json`: an error object with the failure code), never a traceback."""
     del state

@@ -1,4 +1,4 @@
-"""`hwr inspect`, `hwr verify` and `hwr cleanup` as a new user runs them (issue 15, items 5 and 6).
+"""`hwr inspect`, `hwr verify` and `hwr cleanup` as a new user runs them.
 
 Artifacts come from `hwr prewarm` on small real diffusers models (a Hugging Face cache
 snapshot with default and fp16 weights, and a local pipeline folder); the read-only commands
@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 
 from host_weight_runtime import cli
-from host_weight_runtime.cli._output import size
+from host_weight_runtime.cli._output import age, size
 from host_weight_runtime.diffusion.loader import load_component
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import ResolutionOutcome
@@ -110,8 +111,8 @@ def _rows(stdout: str, keys: list[str]) -> dict[str, str]:
 
 def test_read_only_commands_import_neither_torch_nor_diffusers(domain: Domain) -> None:
     """`hwr --help`, `hwr inspect` (empty and full domain), `hwr verify --full`, `hwr cleanup --dry-run` and
-    `hwr cleanup --model --dry-run` finish without importing torch or diffusers (the start-up cost of every
-    command before issue 15); `hwr bench` reports the resulting start-up time."""
+    `hwr cleanup --model --dry-run` finish without importing torch or diffusers (once the start-up cost of every
+    command); `hwr bench` reports the resulting start-up time."""
     key = domain.prewarmed["hub"]["identity_key"]
     empty = domain.root.parent / "empty-domain"
     FilesystemHostWeightStore(empty)
@@ -164,9 +165,12 @@ def test_inspect_at_80_columns_is_one_line_per_artifact_grouped_per_model(domain
     """`hwr inspect --root DIR` in an 80-column terminal: no line is wider than 80, each artifact is one line
     with its state, the dtype, the size `hwr prewarm` printed, its tensor count, its age and its short key;
     the hub model's two artifacts (default and fp16) are next to each other."""
+    before_ns = time.time_ns()
     result = _hwr("inspect", "--root", str(domain.root), columns=80)
+    after_ns = time.time_ns()
     assert result.returncode == 0, result.stderr
     assert all(len(line) <= 80 for line in result.stdout.splitlines()), result.stdout
+    store = FilesystemHostWeightStore(domain.root)
     keys = [report["identity_key"] for report in domain.prewarmed.values()]
     rows = _rows(result.stdout, keys)
     header = next(line for line in result.stdout.splitlines() if line.startswith("MODEL"))
@@ -175,7 +179,11 @@ def test_inspect_at_80_columns_is_one_line_per_artifact_grouped_per_model(domain
         line = rows[report["identity_key"]]
         assert size(report["total_bytes"]) in line, line
         assert f" {report['tensor_count']} " in line and " bf16 " in line and " ready " in line
-        assert "just now" in line or "min ago" in line
+        created_ns = store.inspect_artifact(report["identity_key"]).created_at_ns
+        assert created_ns is not None
+        # The age of its creation when the command ran: the column says exactly that (it ran between the two).
+        ages = {age(before_ns - created_ns), age(after_ns - created_ns)}
+        assert any(f" {text} " in line for text in ages), (ages, line)
     lines = result.stdout.splitlines()
     hub_rows = sorted(lines.index(rows[domain.prewarmed[name]["identity_key"]]) for name in ("hub", "hub-fp16"))
     local_row = lines.index(rows[domain.prewarmed["local"]["identity_key"]])

@@ -1,4 +1,4 @@
-"""`hwr push` and `hwr remote ls`, run as real subprocesses against moto's S3 server and file:// remotes (issue 10).
+"""`hwr push` and `hwr remote ls`, run as real subprocesses against moto's S3 server and file:// remotes.
 
 Credentials reach the CLI only through AWS_* variables (the secret key is a marker); no
 stdout or stderr of any run may contain it or the access key id (E05). Exit codes: 0

@@ -167,7 +167,7 @@ def test_a_failed_background_publication_is_recorded_not_raised(tmp_path: Path) 
 def test_the_publication_and_its_hash_threads_run_at_a_lower_priority_than_the_caller(
     tmp_path: Path, pipeline: Path
 ) -> None:
-    """Issue 13: the background build (and the writer's hash threads it starts) runs nice +10, so the caller's
+    """The background build (and the writer's hash threads it starts) runs nice +10, so the caller's
     own first steps with its model come first on a busy node; the caller's priority is unchanged."""
     caller_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     seen: list[int] = []

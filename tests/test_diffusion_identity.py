@@ -17,12 +17,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-pytest.importorskip("diffusers")
-pytest.importorskip("accelerate")
-
+import accelerate  # noqa: F401  (`make test` installs it: a missing one fails the module, never skips it)
 import diffusers
+import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -536,20 +533,22 @@ def test_bf16_policy_refuses_unsupported_semantics(
     assert _refusal(built) == _refusal(checked)
 
 
-def test_bf16_policy_accepts_the_supported_request() -> None:
-    """D06: the default request (and TP/SP, which the layout expresses) passes the policy."""
-    FINAL_LAYOUT_BF16_POLICY.check_request(_request())
-    FINAL_LAYOUT_BF16_POLICY.check_request(
-        _request(
-            parallel=FinalLayoutParallelIdentity(
-                tensor_parallel_size=2,
-                tensor_parallel_rank=1,
-                sequence_parallel_size=4,
-                ulysses_degree=2,
-                ring_degree=2,
-            )
-        )
+def test_bf16_policy_accepts_the_supported_request(
+    folders: dict[str, Path], fp32_models: dict[str, torch.nn.Module]
+) -> None:
+    """D06: the default request (and TP/SP, which the layout expresses) passes the policy: an identity is
+    built for each, and its layout carries the parallel coordinates that change the bytes."""
+    parallel = FinalLayoutParallelIdentity(
+        tensor_parallel_size=2, tensor_parallel_rank=1, sequence_parallel_size=4, ulysses_degree=2, ring_degree=2
     )
+    layouts = []
+    for request in (_request(), _request(parallel=parallel)):
+        FINAL_LAYOUT_BF16_POLICY.check_request(request)  # raises on a refusal
+        context = _identity(fp32_models["flux"], _source(folders["flux"]), request=request)
+        assert context.request == request and context.policy is FINAL_LAYOUT_BF16_POLICY
+        layouts.append(context.identity.layout)
+    assert (layouts[0].tensor_parallel_size, layouts[0].tensor_parallel_rank) == (1, 0)
+    assert (layouts[1].tensor_parallel_size, layouts[1].tensor_parallel_rank) == (2, 1)
 
 
 @pytest.mark.parametrize(

@@ -77,7 +77,9 @@ def test_indivisible_split_is_a_typed_refusal_before_anything_is_written(tmp_pat
     with pytest.raises(HostWeightError) as raised:
         localize_for_rank(flux.skeleton(), FinalLayoutParallelIdentity(tensor_parallel_size=3, tensor_parallel_rank=0))
     assert raised.value.failure.code is FailureCode.UNSUPPORTED
-    assert "not divisible by 3" in raised.value.failure.message or "heads" in raised.value.failure.message
+    message = raised.value.failure.message
+    assert message.startswith("cannot split transformer_blocks.0.attn.to_q.weight across 3 tensor-parallel ranks"), message
+    assert message.endswith("is not divisible by 3; choose a TP size that divides it"), message
     assert not (tmp_path / "hwr").exists()
     del runtime
 

@@ -22,6 +22,7 @@ from host_weight_runtime._digest import (
 )
 from host_weight_runtime.canonical_json import CanonicalJson, encode_canonical
 from host_weight_runtime.config import (
+    BackgroundVerifyMode,
     CapacityPolicy,
     HostWeightRuntimeConfig,
     RuntimeMode,
@@ -35,6 +36,8 @@ from host_weight_runtime.failures import (
     failure,
     raise_failure,
 )
+from host_weight_runtime.filesystem._prefault import prefault_enabled
+from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.tensors import ValidationLevel
 
 CHILD_TIMEOUT_S = 120.0
@@ -216,6 +219,8 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
         "HWR_MAX_ARTIFACT_BYTES": "1000",
         "HWR_MAX_STORE_BYTES": "5_000",
         "HWR_MIN_FREE_BYTES": "10",
+        "HWR_PREFAULT": "off",
+        "HWR_BACKGROUND_VERIFY": "OFF",
         "UNRELATED": "ignored",
     }
     config = HostWeightRuntimeConfig.from_env(env)
@@ -228,6 +233,8 @@ def test_from_env_reads_every_variable(tmp_path: Path) -> None:
         allow_post_load_publish=False,
         lock_timeout_s=2.5,
         capacity=CapacityPolicy(max_artifact_bytes=1000, max_store_bytes=5000, min_free_bytes=10),
+        prefault=False,
+        background_verify=BackgroundVerifyMode.OFF,
     )
     assert config.resolved_root == tmp_path / "domain"
     assert not (tmp_path / "domain").exists()
@@ -258,6 +265,27 @@ def test_from_env_booleans(value: str, expected: bool) -> None:
     config = HostWeightRuntimeConfig.from_env({"HWR_ALLOW_LOCAL_BUILD": value, "HWR_ALLOW_POST_LOAD_PUBLISH": value})
     assert config.allow_local_build is expected
     assert config.allow_post_load_publish is expected
+
+
+def test_the_lease_variables_go_through_from_env_and_reach_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HWR_PREFAULT and HWR_BACKGROUND_VERIFY are parsed by from_env like every other variable (a bad value is
+    a ValueError naming the variable); a config that leaves them None lets the store read the environment."""
+    with pytest.raises(ValueError, match="HWR_PREFAULT='maybe' is invalid: prefault must be a boolean"):
+        HostWeightRuntimeConfig.from_env({"HWR_PREFAULT": "maybe"})
+    with pytest.raises(ValueError, match=r"HWR_BACKGROUND_VERIFY='twice' is invalid: .*set it to 'once'"):
+        HostWeightRuntimeConfig.from_env({"HWR_BACKGROUND_VERIFY": "twice"})
+    assert HostWeightRuntimeConfig.from_env({}).prefault is None
+    assert prefault_enabled({}) is True
+    assert prefault_enabled({"HWR_PREFAULT": "no"}) is False
+    monkeypatch.setenv("HWR_PREFAULT", "0")
+    assert prefault_enabled() is False
+    monkeypatch.setenv("HWR_PREFAULT", "sometimes")
+    with pytest.raises(ValueError, match="HWR_PREFAULT"):
+        FilesystemHostWeightStore(tmp_path / "domain")
+    store = FilesystemHostWeightStore.from_config(HostWeightRuntimeConfig(root=tmp_path / "domain", prefault=True))
+    assert store._lookup._prefault is True
 
 
 def test_from_env_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

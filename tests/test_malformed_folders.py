@@ -1,4 +1,4 @@
-"""`load_component` on malformed model folders (issue 14): each is a clear typed error, never an untyped
+"""`load_component` on malformed model folders: each is a clear typed error, never an untyped
 traceback from inside diffusers, and nothing is ever published for it, in PREFERRED or REQUIRED.
 
 Real diffusers models, saved for real and then broken the way a bad download or a hostile co-tenant breaks
@@ -121,6 +121,11 @@ CASES: list[tuple[str, bool, Plant, str]] = [
 # A checkpoint whose header is sound but whose tensors do not fit the model: typed in both modes, but the
 # failure comes from where it is found (the canonical load, or the streaming producer in REQUIRED).
 MISMATCHED: list[tuple[str, Plant]] = [("tensors_missing", _drop_some_tensors), ("tensor_shape_wrong", _wrong_shape)]
+# What each mismatch's message says is wrong (the canonical load finds both).
+MISMATCH_TEXT = {
+    "tensors_missing": "tensor(s) the model needs, e.g.",
+    "tensor_shape_wrong": "the checkpoint does not match its config.json",
+}
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +163,7 @@ def assert_nothing_published(root: Path) -> None:
 def test_malformed_model_folder_is_a_usage_error_and_publishes_nothing(
     saved: dict[bool, Path], tmp_path: Path, mode: RuntimeMode, case: tuple[str, bool, Plant, str]
 ) -> None:
-    """D14 S10 (issue 14): no config, a config naming os.system / a non-model class / not a JSON object, an index
+    """D14 S10: no config, a config naming os.system / a non-model class / not a JSON object, an index
     naming a missing shard or with a malformed weight map, a truncated or foreign shard: HostWeightUsageError
     saying what to fix, in PREFERRED as in REQUIRED, and no artifact or residue in the domain."""
     _name, sharded, plant, names = case
@@ -179,16 +184,18 @@ def test_malformed_model_folder_is_a_usage_error_and_publishes_nothing(
 def test_checkpoint_that_does_not_fit_the_model_is_typed_and_never_published(
     saved: dict[bool, Path], tmp_path: Path, case: str, plant: Plant
 ) -> None:
-    """D14 (issue 14): a well-formed checkpoint lacking tensors or holding a wrong shape is CANONICAL_SOURCE_FAILED
+    """D14: a well-formed checkpoint lacking tensors or holding a wrong shape is CANONICAL_SOURCE_FAILED
     in PREFERRED (never a model with uninitialised tensors, never published as if ok) and a typed HostWeightError
     in REQUIRED; the domain holds nothing afterwards."""
-    del case
     folder = broken_copy(saved, tmp_path, False, plant)
     preferred_root, required_root = tmp_path / "preferred", tmp_path / "required"
     with pytest.raises(HostWeightUsageError) as preferred:
         load_component(folder, runtime=runtime_at(preferred_root, RuntimeMode.PREFERRED))
     assert preferred.value.code is FailureCode.CANONICAL_SOURCE_FAILED
-    assert "config.json" in str(preferred.value) or "re-download" in str(preferred.value)
+    message = str(preferred.value)
+    assert f"the checkpoint in {folder}" in message or f"diffusers could not load {folder}" in message, message
+    assert MISMATCH_TEXT[case] in message, message
+    assert message.endswith("re-download the model folder"), message
     with pytest.raises(HostWeightError) as required:
         load_component(folder, runtime=runtime_at(required_root, RuntimeMode.REQUIRED))
     assert required.value.code in (FailureCode.PRODUCER_FAILED, FailureCode.CANONICAL_SOURCE_FAILED)

@@ -1,4 +1,4 @@
-"""The streaming producer casts checkpoint rows straight from a mapping of the file (issue 13).
+"""The streaming producer casts checkpoint rows straight from a mapping of the file.
 
 Real safetensors files: every chunk a mapping gives must equal a pread of the same rows,
 and a file cut short must fail as a damaged checkpoint, not kill the process.
@@ -42,7 +42,7 @@ def checkpoint(tmp_path: Path) -> dict[str, CheckpointTensor]:
 
 
 def test_mapped_chunks_equal_preads_of_the_same_rows(checkpoint: dict[str, CheckpointTensor]) -> None:
-    """Issue 13: a mapped chunk has the bytes, dtype and shape a pread gives, for every chunk size, for as long
+    """A mapped chunk has the bytes, dtype and shape a pread gives, for every chunk size, for as long
     as the caller keeps it."""
     fd = os.open(next(iter(checkpoint.values())).path, os.O_RDONLY)
     kept: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -64,7 +64,7 @@ def test_mapped_chunks_equal_preads_of_the_same_rows(checkpoint: dict[str, Check
 
 @pytest.mark.parametrize("when", ["before mapping", "after mapping"])
 def test_a_file_cut_short_fails_as_a_damaged_checkpoint(checkpoint: dict[str, CheckpointTensor], when: str) -> None:
-    """Issue 13: rows past the end of a file truncated before or after the chunk was mapped raise
+    """Rows past the end of a file truncated before or after the chunk was mapped raise
     CheckpointFormatError, never SIGBUS (the pages are faulted in before anything reads them)."""
     first = min(checkpoint.values(), key=lambda tensor: tensor.begin)
     assert first.shape and first.shape[0] > 1000
@@ -84,7 +84,7 @@ def test_a_file_cut_short_fails_as_a_damaged_checkpoint(checkpoint: dict[str, Ch
 
 
 def test_a_file_that_cannot_be_mapped_is_read_instead(checkpoint: dict[str, CheckpointTensor]) -> None:
-    """Issue 13: where the filesystem refuses to map the checkpoint (ENODEV), the rows are read with pread."""
+    """Where the filesystem refuses to map the checkpoint (ENODEV), the rows are read with pread."""
     tensor = checkpoint["a.weight"]
     fd = os.open(tensor.path, os.O_RDONLY)
     try:

@@ -344,7 +344,16 @@ def test_unsafe_domain_root_or_subdirectory_is_refused(tmp_path: Path, subdir: s
     with pytest.raises(HostWeightError) as caught:
         FilesystemHostWeightStore(root)
     assert caught.value.code is FailureCode.UNSAFE_PERMISSIONS, caught.value
-    assert "HWR_ROOT" in caught.value.failure.message or "fix" in caught.value.failure.message
+    message = caught.value.failure.message
+    problem = {
+        "group_writable": f"has mode 0770, writable by group or others; run `chmod go-w {target}`",
+        "other_writable": f"has mode 0707, writable by group or others; run `chmod go-w {target}`",
+        "symlink": "is a symlink; it must be a real directory",
+        "file": "is not a directory",
+        "other_uid": f"belongs to uid {OTHER_UID}, not to the current user",
+    }[kind]
+    assert f"{target} {problem}" in message, message
+    assert message.endswith("fix it or set HWR_ROOT to a fresh path"), message
 
 
 @pytest.mark.parametrize("kind", ["other_uid", "group_writable", "hard_link", "symlink", "directory"])

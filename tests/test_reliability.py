@@ -1,4 +1,4 @@
-"""Reliability under adversarial input (issue 14 part A): a hostile or broken co-tenant edits the domain.
+"""Reliability under adversarial input: a hostile or broken co-tenant edits the domain.
 
 Every planted defect must end as a typed INVALID artifact (denied, then quarantined and rebuilt by
 the next build), never as a raw exception, a crash, or a hit. Real files, real child processes; the
@@ -484,7 +484,7 @@ def test_truncation_under_a_live_lease_is_caught_at_the_next_lease(tmp_path: Pat
 
 
 def test_offsets_past_eof_with_a_consistent_total_bytes_are_typed_invalid(tmp_path: Path) -> None:
-    """S10 (issue 14, finding 4): a tensor's data_offsets moved past EOF in the payload header and the manifest
+    """S10: a tensor's data_offsets moved past EOF in the payload header and the manifest
     alike, with every size and `total_bytes` consistent with the files on disk (so no size check catches it), is
     typed INVALID at both levels, never a hit or a read past the mapping; PREFERRED falls back, then it is rebuilt."""
     store, directory = publish(tmp_path / "hwr")

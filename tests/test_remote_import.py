@@ -1,4 +1,4 @@
-"""Remote exact artifacts (issue 10): node A builds and pushes, node B imports verified bytes (E01-E05, E10).
+"""Remote exact artifacts: node A builds and pushes, node B imports verified bytes (E01-E05, E10).
 
 Real remotes only: moto's S3 server on loopback spoken to by s3fs and boto3 over HTTP,
 a file:// folder, and a range-serving HTTP server; two domains play two nodes.

@@ -1,4 +1,4 @@
-"""`load_component` with HWR_REMOTE and no code change (issue 10; D14, R02, R10, E01, E03, E08).
+"""`load_component` with HWR_REMOTE and no code change (D14, R02, R10, E01, E03, E08).
 
 Node A is a fresh process that loads a real tiny diffusers Flux transformer with
 HWR_REMOTE_PUBLISH=true and exits at once (its exit waits for the push); node B, another

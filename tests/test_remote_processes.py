@@ -1,4 +1,4 @@
-"""Remote imports across processes (issue 10): a SIGKILL mid-import, and eight importers sharing one fetch (E06, E07)."""
+"""Remote imports across processes: a SIGKILL mid-import, and eight importers sharing one fetch (E06, E07)."""
 
 from __future__ import annotations
 

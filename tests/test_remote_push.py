@@ -1,4 +1,4 @@
-"""Export and listing of remote artifacts (issue 10): push verifies first, writes the descriptor last (E05, E08, E09)."""
+"""Export and listing of remote artifacts: push verifies first, writes the descriptor last (E05, E08, E09)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The runtime's REMOTE stage and HWR_REMOTE* (issue 10): node A builds and pushes, node B imports (R02, R10, E01-E08).
+"""The runtime's REMOTE stage and HWR_REMOTE*: node A builds and pushes, node B imports (R02, R10, E01-E08).
 
 Real parts only: moto's S3 server on loopback spoken to over HTTP by s3fs with credentials
 from AWS_* variables, and file:// remotes in a temporary folder; two domains play two

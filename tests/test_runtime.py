@@ -799,7 +799,7 @@ class _NotAProvider:
 
 
 def test_objects_that_are_not_remote_providers_are_refused(tmp_path: Path) -> None:
-    """Remote providers are implemented (issue 10); an object without probe/fetch is refused, never ignored."""
+    """Remote providers are implemented; an object without probe/fetch is refused, never ignored."""
     root = tmp_path / "hwr"
     with pytest.raises(TypeError, match="RemoteArtifactProvider"):
         HostWeightRuntime(HostWeightRuntimeConfig(root=root), remote_providers=[_NotAProvider()])  # type: ignore[list-item]

@@ -1,4 +1,4 @@
-"""ENOSPC and EIO in the middle of a payload write (issue 14): at every named seam of the write path, and
+"""ENOSPC and EIO in the middle of a payload write: at every named seam of the write path, and
 for real on a size-capped tmpfs.
 
 A failed build must end as one typed, retryable failure (NO_SPACE for ENOSPC, IO_ERROR for EIO), leave
@@ -119,7 +119,7 @@ def assert_typed(result: StoreResult, code: FailureCode) -> None:
 def test_io_error_at_each_write_seam_is_typed_and_leaves_nothing(
     tmp_path: Path, point: str, skip: int, error: int
 ) -> None:
-    """S18 S16: ENOSPC or EIO at any step of writing a payload, sealing or committing it (issue 14) is a typed,
+    """S18 S16: ENOSPC or EIO at any step of writing a payload, sealing or committing it is a typed,
     retryable NO_SPACE / IO_ERROR; nothing is visible, no residue stays in tmp/, and the next build verifies."""
     store = FilesystemHostWeightStore(tmp_path / "hwr")
     arm_after(point, skip, error)
@@ -133,7 +133,7 @@ def test_io_error_at_each_write_seam_is_typed_and_leaves_nothing(
 @pytest.mark.parametrize("error", sorted(CODES), ids=lambda number: errno.errorcode[number])
 def test_mid_write_error_through_resolve_falls_back_or_fails_typed(tmp_path: Path, error: int) -> None:
     """R10 S18: a mid-payload ENOSPC/EIO is retryable, so PREFERRED falls back to the canonical load (the failed
-    production attempt recorded) while REQUIRED fails with the same code; neither leaves residue (issue 14)."""
+    production attempt recorded) while REQUIRED fails with the same code; neither leaves residue."""
     root = tmp_path / "hwr"
     outcomes = {}
     for mode in (RuntimeMode.PREFERRED, RuntimeMode.REQUIRED):
@@ -222,7 +222,7 @@ class Filler:
     ],
 )
 def test_real_enospc_mid_build_on_a_capped_tmpfs(tmp_path: Path, point: str, skip: int) -> None:
-    """S18 (issue 14): the capacity pre-check passes, then another tenant fills the tmpfs (synchronised by a PAUSE
+    """S18: the capacity pre-check passes, then another tenant fills the tmpfs (synchronised by a PAUSE
     seam hook, no sleeps) and the kernel's own ENOSPC arrives mid-build (payload files are preallocated, so
     it arrives at an allocation: a payload file's, the manifest's or READY's, never inside a preallocated file): typed retryable NO_SPACE, no residue in
     tmp/, nothing published; once the space is freed the same key builds and verifies fully."""
@@ -246,7 +246,7 @@ def test_real_enospc_mid_build_on_a_capped_tmpfs(tmp_path: Path, point: str, ski
 
 
 def test_real_enospc_through_load_component_publishes_nothing_then_recovers(tmp_path: Path) -> None:
-    """D14 S18 (issue 14): a real diffusers model loaded in PREFERRED onto a domain whose tmpfs another tenant fills
+    """D14 S18: a real diffusers model loaded in PREFERRED onto a domain whose tmpfs another tenant fills
     between the capacity check and the allocation: the model still loads canonically, the post-load publication
     fails typed (NO_SPACE), nothing is published or left in tmp/; with the space freed the next load publishes."""
     from host_weight_runtime.diffusion import load_component

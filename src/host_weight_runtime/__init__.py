@@ -70,7 +70,7 @@ from .runtime import HostWeightRuntime
 from .tensors import TensorKind, ValidationLevel
 
 # isort: split
-# Operating a domain: eviction, usage, gc and metrics (issue 12).
+# Operating a domain: eviction, usage, gc and metrics.
 from .config import EvictionPolicy
 from .filesystem.garbage import (
     GcItem,
@@ -165,7 +165,7 @@ __all__ = [
     "providers_from_urls",
     "push_artifact",
     "read_mount_table",
-    # Operating a domain: eviction, usage, gc and metrics (issue 12).
+    # Operating a domain: eviction, usage, gc and metrics.
     "DomainUsage",
     "EvictionPolicy",
     "GcItem",

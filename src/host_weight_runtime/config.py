@@ -6,7 +6,7 @@ import enum
 import math
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +30,8 @@ ENV_REMOTE = "HWR_REMOTE"
 ENV_REMOTE_ENDPOINT_URL = "HWR_REMOTE_ENDPOINT_URL"
 ENV_REMOTE_TIMEOUT = "HWR_REMOTE_TIMEOUT_S"
 ENV_REMOTE_PUBLISH = "HWR_REMOTE_PUBLISH"
+ENV_PREFAULT = "HWR_PREFAULT"
+ENV_BACKGROUND_VERIFY = "HWR_BACKGROUND_VERIFY"
 
 # Variables whose value may carry a credential when mistyped: an error never echoes them.
 _UNECHOED_ENV = frozenset({ENV_REMOTE, ENV_REMOTE_ENDPOINT_URL})
@@ -49,6 +51,13 @@ class StorageClass(str, enum.Enum):
     AUTO = "auto"
     TMPFS = "tmpfs"
     DISK = "disk"
+
+
+class BackgroundVerifyMode(str, enum.Enum):
+    """Whether leases start a background full verification of a publication not yet verified on this node."""
+
+    ONCE = "once"
+    OFF = "off"
 
 
 class EvictionPolicy(str, enum.Enum):
@@ -142,6 +151,10 @@ class HostWeightRuntimeConfig:
     remote_endpoint_url: str | None = None
     remote_timeout_s: float = DEFAULT_TIMEOUT_S
     remote_publish: bool = False
+    # Lease behaviour (HWR_PREFAULT, HWR_BACKGROUND_VERIFY). None: the store reads the environment when it
+    # is created, so a config built in code still honours the node's variables.
+    prefault: bool | None = None
+    background_verify: BackgroundVerifyMode | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, RuntimeMode):
@@ -169,6 +182,11 @@ class HostWeightRuntimeConfig:
             raise ValueError(f"metrics_port must be None or a port number 0-65535 (0 picks a free one), got {port!r}")
         if not isinstance(self.metrics_addr, str) or not self.metrics_addr.strip():
             raise ValueError(f"metrics_addr must be a non-empty host address, got {self.metrics_addr!r}")
+        if self.prefault is not None and type(self.prefault) is not bool:
+            raise ValueError(f"prefault must be a bool or None, got {self.prefault!r}")
+        verify = self.background_verify
+        if verify is not None and not isinstance(verify, BackgroundVerifyMode):
+            raise ValueError(f"background_verify must be a BackgroundVerifyMode or None, got {verify!r}")
         self._check_remote()
 
     def _check_remote(self) -> None:
@@ -229,6 +247,8 @@ class HostWeightRuntimeConfig:
             "remote_endpoint_url",
             "remote_timeout_s",
             "remote_publish",
+            "prefault",
+            "background_verify",
         }
         unknown = sorted(set(values) - known)
         if unknown:
@@ -264,6 +284,10 @@ class HostWeightRuntimeConfig:
             kwargs["remote_timeout_s"] = _float(values["remote_timeout_s"], "remote_timeout_s")
         if "remote_publish" in values:
             kwargs["remote_publish"] = _bool(values["remote_publish"], "remote_publish")
+        if values.get("prefault") is not None:
+            kwargs["prefault"] = _bool(values["prefault"], "prefault")
+        if values.get("background_verify") is not None:
+            kwargs["background_verify"] = _background_verify(values["background_verify"])
         capacity_keys = ("max_artifact_bytes", "max_store_bytes", "min_free_bytes")
         if any(key in values for key in capacity_keys):
             kwargs["capacity"] = CapacityPolicy(
@@ -295,6 +319,8 @@ class HostWeightRuntimeConfig:
             ENV_REMOTE_ENDPOINT_URL: "remote_endpoint_url",
             ENV_REMOTE_TIMEOUT: "remote_timeout_s",
             ENV_REMOTE_PUBLISH: "remote_publish",
+            ENV_PREFAULT: "prefault",
+            ENV_BACKGROUND_VERIFY: "background_verify",
         }
         values: dict[str, object] = {}
         for env_name, key in mapping.items():
@@ -315,6 +341,26 @@ class HostWeightRuntimeConfig:
         except ValueError as exc:
             names = ", ".join(sorted(env_name for env_name, key in mapping.items() if key in values))
             raise ValueError(f"invalid HWR_* environment ({names}): {exc}") from exc
+
+
+def environment_config(names: Iterable[str], environ: Mapping[str, str] | None = None) -> HostWeightRuntimeConfig:
+    """`from_env` over only the variables `names`: a part that reads one setting is not failed by another."""
+    env = os.environ if environ is None else environ
+    return HostWeightRuntimeConfig.from_env({name: env[name] for name in names if name in env})
+
+
+def _background_verify(value: object) -> BackgroundVerifyMode:
+    if isinstance(value, BackgroundVerifyMode):
+        return value
+    if isinstance(value, str):
+        try:
+            return BackgroundVerifyMode(value.strip().lower())
+        except ValueError:
+            pass
+    raise ValueError(
+        f"background_verify {value!r} is not understood: set it to 'once' (verify each artifact's payloads "
+        "once per node after its first lease, the default) or 'off'"
+    )
 
 
 def _enum(enum_type: type[enum.Enum], value: object, name: str) -> enum.Enum:

@@ -260,7 +260,11 @@ class RemoteArtifactDescriptor:
 
 @runtime_checkable
 class RemoteArtifactProvider(Protocol):
-    """A source of exact artifacts beyond this node (not implemented in V1)."""
+    """A source of exact artifacts beyond this node, tried after a local miss.
+
+    `FsspecArtifactProvider` (remote/provider.py) implements it over fsspec URLs: the store's
+    writer hashes every fetched byte, and a digest that differs from the remote manifest fails the import.
+    """
 
     @property
     def provider_id(self) -> str: ...

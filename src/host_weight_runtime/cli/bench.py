@@ -46,6 +46,13 @@ def register(commands: Subcommands) -> None:
         metavar="N",
         help="tensor-parallel sizes for the TP rows (default 2 4; --tp alone measures none)",
     )
+    sub.add_argument(
+        "--memory-groups",
+        choices=("all", "goals"),
+        default=None,
+        help="which rows also run as concurrent workers for PSS: every row, or only the rows a goal reads "
+        "(canonical, warm, bare views); default all (goals with --quick)",
+    )
     sub.add_argument("--no-cold-cache", action="store_true", help="skip the page-cache-cold runs")
     sub.add_argument("--no-huge-pages", action="store_true", help="do not mount a huge-page tmpfs")
     sub.add_argument("--no-pipeline", action="store_true", help="skip the whole-pipeline rows")
@@ -86,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         workdir=args.workdir,
         tensor_parallel_sizes=tuple(args.tp) if args.tp is not None else defaults.tensor_parallel_sizes,
         pipeline_rows=not args.no_pipeline,
+        all_memory_groups=defaults.all_memory_groups if args.memory_groups is None else args.memory_groups == "all",
     )
     out_dir: Path = args.out if args.out is not None else _default_results_dir()
     if not out_dir.is_dir():

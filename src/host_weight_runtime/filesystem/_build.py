@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 from .. import _telemetry
-from .._digest import DigestAlgorithm, content_digest
 from .._faults import fault_point
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
 from ..identity import WeightArtifactIdentity
@@ -20,13 +19,14 @@ from ..protocols import BuildRequest, CoordinationScope, ProductionMetadata, Wei
 from ..tensors import ValidationLevel
 from ._deny import DenyMarkers
 from ._eviction import Evictor
-from ._fsutil import failure_from_os_error, remove_tree
+from ._fsutil import failure_from_os_error
 from ._layout import DomainLayout
-from ._lookup import ArtifactLookup, artifact_lock
-from ._publication import PRIVATE_DIR_MODE, BuildFailedError, Publisher, discard, move_to_quarantine, seal
+from ._lookup import ArtifactLookup
+from ._publication import BuildFailedError, Publisher, discard, move_to_quarantine, publication_lock, seal
+from ._staging import as_joined, clear_stale_staging, compose_manifest, new_staging_dir, timed
 from .capacity import CapacityGuard
 from .locks import acquire_lock
-from .writer import StagingArtifactWriter, WrittenFile
+from .writer import StagingArtifactWriter
 
 __all__ = ["ArtifactBuilder"]
 
@@ -100,14 +100,7 @@ class ArtifactBuilder:
             )
         finally:
             build_lock.release()
-        return StoreResult(
-            result.status,
-            identity,
-            lease=result.lease,
-            failure=result.failure,
-            publication_id=result.publication_id,
-            elapsed_s=time.monotonic() - started,
-        )
+        return timed(result, identity, started)
 
     @staticmethod
     def _check_producer(identity: WeightArtifactIdentity, producer: WeightProducer) -> HostWeightFailure | None:
@@ -139,32 +132,21 @@ class ArtifactBuilder:
     ) -> StoreResult:
         """The build itself. The caller holds the build lock (tests call it bare to race two builders)."""
         key = identity.key
-        own_prefix = f"{key}.{os.getpid()}."
-        for stale in self._layout.staging_dirs(key):
-            # Holding the build lock, any other staging directory of this key is a dead builder's;
-            # our own process's may belong to a concurrent lockless call and is left alone.
-            if not stale.name.startswith(own_prefix):
-                remove_tree(stale)
+        # Our own process's staging directories may belong to a concurrent lockless call: left alone.
+        clear_stale_staging(self._layout, key, keep_prefix=f"{key}.{os.getpid()}.")
         joined = self._lookup.lookup(identity, validation=validation, deadline=deadline, source=LeaseSource.JOINED)
-        if joined.status is StoreStatus.HIT:
-            assert joined.lease is not None
-            return StoreResult(StoreStatus.JOINED, identity, lease=joined.lease, publication_id=joined.publication_id)
-        if joined.status is StoreStatus.FAILED:
-            return joined
+        if joined.status in (StoreStatus.HIT, StoreStatus.FAILED):
+            return as_joined(joined)
         if joined.status is StoreStatus.INVALID:
             problem = self._quarantine_published(key, deadline=deadline)
             if problem is not None:
                 return StoreResult(StoreStatus.FAILED, identity, failure=problem)
         else:
             self._deny.remove_orphan(key)
-        staging = self._layout.new_staging_dir(key)
         try:
-            os.mkdir(staging, PRIVATE_DIR_MODE)
-        except OSError as exc:
-            problem = failure_from_os_error(
-                exc, stage=ResolutionStage.PRODUCTION, what="creating the staging directory"
-            )
-            return StoreResult(StoreStatus.FAILED, identity, failure=problem)
+            staging = new_staging_dir(self._layout, key, what="creating the staging directory")
+        except BuildFailedError as exc:
+            return StoreResult(StoreStatus.FAILED, identity, failure=exc.failure)
         try:
             fault_point("build.staging_created")
             manifest = self._produce_into(staging, identity, producer, deadline=deadline)
@@ -252,19 +234,12 @@ class ArtifactBuilder:
                 raise BuildFailedError(exc.failure) from exc
         finally:
             writer.abort()
-        return _compose_manifest(identity, metadata, files, writer.chunk_bytes, writer.digest_algorithm)
+        return compose_manifest(identity, metadata, files, writer.chunk_bytes, writer.digest_algorithm)
 
     def _quarantine_published(self, key: str, *, deadline: float) -> HostWeightFailure | None:
         """Move a denied or invalid artifact to quarantine/ under the exclusive artifact lock."""
         try:
-            lock = artifact_lock(
-                self._layout,
-                key,
-                exclusive=True,
-                deadline=deadline,
-                stage=ResolutionStage.PUBLICATION,
-                what="the artifact lock (leases of the invalid copy are still open)",
-            )
+            lock = publication_lock(self._layout, key, deadline, "leases of the invalid copy are still open")
         except HostWeightError as exc:
             return exc.failure
         try:
@@ -278,24 +253,3 @@ class ArtifactBuilder:
             lock.release()
         return None
 
-
-def _compose_manifest(
-    identity: WeightArtifactIdentity,
-    metadata: ProductionMetadata,
-    files: tuple[WrittenFile, ...],
-    chunk_bytes: int,
-    algorithm: DigestAlgorithm,
-) -> WeightManifest:
-    """The manifest of a finished build: the producer's metadata and every written file's digests."""
-    tensors = tuple(entry for written in files for entry in written.tensors)
-    return WeightManifest(
-        identity=identity,
-        producer_schema=metadata.producer_schema,
-        restorer_schema=metadata.restorer_schema,
-        format_metadata=metadata.format_metadata,
-        digest_algorithm=algorithm.value,
-        digest_chunk_bytes=chunk_bytes,
-        files=tuple(written.manifest_entry() for written in files),
-        tensors=tensors,
-        content_digest=content_digest((t.name, t.dtype, t.shape, t.digest) for t in tensors),
-    )

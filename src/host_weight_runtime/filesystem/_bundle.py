@@ -10,7 +10,6 @@ crash between renames leaves a subset of complete, sealed artifacts, never a tor
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,11 +21,11 @@ from ..lease import LeaseSource
 from ..outcomes import StoreResult, StoreStatus
 from ..protocols import ArtifactWriter, BuildRequest, CoordinationScope, ProductionMetadata, WeightBundleProducer
 from ..tensors import ValidationLevel
-from ._build import _compose_manifest
-from ._fsutil import failure_from_os_error, remove_tree
+from ._fsutil import failure_from_os_error
 from ._layout import DomainLayout
 from ._lookup import ArtifactLookup
-from ._publication import PRIVATE_DIR_MODE, BuildFailedError, Publisher, discard, seal
+from ._publication import BuildFailedError, Publisher, discard, seal
+from ._staging import as_joined, clear_stale_staging, compose_manifest, new_staging_dir, timed
 from .capacity import CapacityGuard
 from .locks import FileLock, acquire_lock
 from .writer import StagingArtifactWriter
@@ -81,14 +80,7 @@ class BundleBuilder:
         identity = request.identity
 
         def done(result: StoreResult) -> StoreResult:
-            return StoreResult(
-                result.status,
-                identity,
-                lease=result.lease,
-                failure=result.failure,
-                publication_id=result.publication_id,
-                elapsed_s=time.monotonic() - started,
-            )
+            return timed(result, identity, started)
 
         first = self._lookup.lookup(identity, validation=validation, deadline=deadline, source=LeaseSource.LOCAL_HIT)
         if first.status in (StoreStatus.HIT, StoreStatus.FAILED):
@@ -143,16 +135,11 @@ class BundleBuilder:
         deadline: float,
     ) -> StoreResult:
         for output in outputs:
-            for stale in self._layout.staging_dirs(output.key):
-                remove_tree(stale)  # holding every build lock, any staging directory is a dead builder's
+            clear_stale_staging(self._layout, output.key)  # holding every build lock
         missing = self._missing(outputs, validation=validation, deadline=deadline)
         if identity.key not in {output.key for output in missing}:
             joined = self._lookup.lookup(identity, validation=validation, deadline=deadline, source=LeaseSource.JOINED)
-            if joined.status is StoreStatus.HIT:
-                return StoreResult(
-                    StoreStatus.JOINED, identity, lease=joined.lease, publication_id=joined.publication_id
-                )
-            return joined
+            return as_joined(joined)
         stagings: dict[str, Path] = {}
         writers: dict[str, tuple[WeightArtifactIdentity, StagingArtifactWriter]] = {}
         reserved = 0
@@ -164,15 +151,7 @@ class BundleBuilder:
 
         try:
             for output in missing:
-                staging = self._layout.new_staging_dir(output.key)
-                try:
-                    os.mkdir(staging, PRIVATE_DIR_MODE)
-                except OSError as exc:
-                    raise BuildFailedError(
-                        failure_from_os_error(
-                            exc, stage=ResolutionStage.PRODUCTION, what="creating a bundle staging directory"
-                        )
-                    ) from exc
+                staging = new_staging_dir(self._layout, output.key, what="creating a bundle staging directory")
                 stagings[output.key] = staging
                 writers[output.key] = (
                     output,
@@ -188,7 +167,7 @@ class BundleBuilder:
             sealed = []
             for key, (output, writer) in writers.items():
                 files = writer.finish()
-                manifest = _compose_manifest(output, metadata[key], files, writer.chunk_bytes, writer.digest_algorithm)
+                manifest = compose_manifest(output, metadata[key], files, writer.chunk_bytes, writer.digest_algorithm)
                 sealed.append((output, manifest, seal(stagings[key], manifest)))
             result: StoreResult | None = None
             for output, manifest, marker in sealed:

@@ -17,7 +17,7 @@ from ..outcomes import StoreResult, StoreStatus
 from ..tensors import ValidationLevel
 from ._deny import DenyMarkers
 from ._layout import DomainLayout
-from ._prefault import BackgroundPrefault, prefault_enabled
+from ._prefault import BackgroundPrefault
 from ._usage import UsageRecordingLock, touch_lock_file
 from ._verify import BackgroundVerification, BackgroundVerifyMode, VerificationLedger
 from .locks import FileLock, acquire_lock
@@ -38,7 +38,16 @@ def artifact_lock(
 class ArtifactLookup:
     """Validated leases of published artifacts; never builds, denies what fails validation."""
 
-    __slots__ = ("_deny", "_domain_id", "_hash_threads", "_layout", "_ledger", "_storage_class", "_verify_mode")
+    __slots__ = (
+        "_deny",
+        "_domain_id",
+        "_hash_threads",
+        "_layout",
+        "_ledger",
+        "_prefault",
+        "_storage_class",
+        "_verify_mode",
+    )
 
     def __init__(
         self,
@@ -49,8 +58,10 @@ class ArtifactLookup:
         storage_class: str = "",
         *,
         verify_mode: BackgroundVerifyMode = BackgroundVerifyMode.OFF,
+        prefault: bool = True,
     ) -> None:
         self._domain_id = domain_id
+        self._prefault = prefault
         self._verify_mode = verify_mode
         self._ledger = VerificationLedger(layout)
         self._layout = layout
@@ -163,7 +174,7 @@ class ArtifactLookup:
         mappings = validated.mappings()
         prefault = (
             BackgroundPrefault([(region.address, region.length) for region in regions], mappings)
-            if prefault_enabled()
+            if self._prefault
             else None
         )
         verification = self._verification_for(key, validated, validation=validation, source=source)

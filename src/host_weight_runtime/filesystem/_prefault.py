@@ -15,21 +15,22 @@ import errno
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from ..config import ENV_PREFAULT, environment_config
 
 __all__ = ["ENV_PREFAULT", "BackgroundPrefault", "prefault_enabled"]
 
-ENV_PREFAULT = "HWR_PREFAULT"
 _MADV_POPULATE_READ = 22
 _STEP_BYTES = 32 << 20  # between steps the thread checks whether the lease was closed
 
 _log = logging.getLogger(__name__)
 
 
-def prefault_enabled() -> bool:
-    """Whether leases prefault their mappings: on unless HWR_PREFAULT is 0, false, no or off."""
-    return os.environ.get(ENV_PREFAULT, "1").strip().lower() not in ("0", "false", "no", "off")
+def prefault_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether leases prefault their mappings: on unless HWR_PREFAULT is 0, false, no or off (read by `from_env`)."""
+    return environment_config((ENV_PREFAULT,), environ).prefault is not False
 
 
 def _madvise() -> Any:

@@ -82,6 +82,19 @@ def move_to_quarantine(layout: DomainLayout, path: Path, key: str) -> Path:
     return destination
 
 
+def publication_lock(layout: DomainLayout, key: str, deadline: float, why_waiting: str) -> FileLock:
+    """The exclusive lock of `key`'s artifact, which publishing or quarantining a copy takes; it waits
+    (`why_waiting` says for what) until `deadline`, then raises a typed PUBLICATION failure."""
+    return artifact_lock(
+        layout,
+        key,
+        exclusive=True,
+        deadline=deadline,
+        stage=ResolutionStage.PUBLICATION,
+        what=f"the artifact lock ({why_waiting})",
+    )
+
+
 class Publisher:
     """Commits sealed staging directories into `artifacts/` and leases the result to the builder."""
 
@@ -106,14 +119,7 @@ class Publisher:
         key = identity.key
         target = self._layout.artifact_dir(key)
         try:
-            lock = artifact_lock(
-                self._layout,
-                key,
-                exclusive=True,
-                deadline=deadline,
-                stage=ResolutionStage.PUBLICATION,
-                what="the artifact lock (leases of an older copy are still open)",
-            )
+            lock = publication_lock(self._layout, key, deadline, "leases of an older copy are still open")
         except HostWeightError as exc:
             raise BuildFailedError(exc.failure) from exc
         handed_over = False

@@ -25,7 +25,6 @@ truncated file is a short read, not a SIGBUS) at a lowered CPU priority.
 from __future__ import annotations
 
 import contextlib
-import enum
 import errno
 import logging
 import os
@@ -39,6 +38,7 @@ from .._digest import DigestAlgorithm, TreeHasher, file_digest
 from .._faults import fault_point
 from .._strict import get_int, get_str, require_exact_keys, require_object
 from ..canonical_json import decode_json, encode_canonical
+from ..config import ENV_BACKGROUND_VERIFY, BackgroundVerifyMode, environment_config
 from ..failures import FailureCode, HostWeightFailure, ResolutionStage, failure
 from ..lease import VerificationState
 from ..manifest import FileManifestEntry, WeightManifest
@@ -57,34 +57,21 @@ __all__ = [
     "background_verify_mode",
 ]
 
-ENV_BACKGROUND_VERIFY = "HWR_BACKGROUND_VERIFY"
 _RECORD_SCHEMA_VERSION = 1
 _RECORD_KEYS = frozenset({"schema_version", "key", "publication_id", "verified_at_ns", "pid", "payload_bytes"})
 _RECORD_LIMIT = 4096
-_NICE_INCREMENT = 10
+VERIFIER_NICE_RAISE = 10
+"""How much nicer than the thread that took the lease the verifier runs (a relative raise, as the loader's)."""
+_LOWEST_PRIORITY = 19  # the highest nice value Linux allows
 
 _LOG = logging.getLogger("host_weight_runtime")
 
 
-class BackgroundVerifyMode(str, enum.Enum):
-    """Whether leases start a background full verification of a publication not yet verified on this node."""
-
-    ONCE = "once"
-    OFF = "off"
-
-
 def background_verify_mode(environ: Mapping[str, str] | None = None) -> BackgroundVerifyMode:
-    """HWR_BACKGROUND_VERIFY: `once` (default) or `off`; anything else is a ValueError that says what to set."""
-    raw = (os.environ if environ is None else environ).get(ENV_BACKGROUND_VERIFY, "").strip().lower()
-    if not raw:
-        return BackgroundVerifyMode.ONCE
-    try:
-        return BackgroundVerifyMode(raw)
-    except ValueError:
-        raise ValueError(
-            f"{ENV_BACKGROUND_VERIFY}={raw!r} is not understood: set it to 'once' (verify each artifact's "
-            "payloads once per node after its first lease, the default) or 'off'"
-        ) from None
+    """HWR_BACKGROUND_VERIFY (read by `from_env`): `once` (default) or `off`; anything else is a ValueError
+    that says what to set."""
+    mode = environment_config((ENV_BACKGROUND_VERIFY,), environ).background_verify
+    return BackgroundVerifyMode.ONCE if mode is None else mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +235,9 @@ class BackgroundVerification:
         started = time.monotonic()
         try:
             with contextlib.suppress(OSError, AttributeError):  # this thread only; the serving threads keep theirs
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _NICE_INCREMENT)
+                thread_id = threading.get_native_id()
+                nice = os.getpriority(os.PRIO_PROCESS, thread_id)
+                os.setpriority(os.PRIO_PROCESS, thread_id, min(_LOWEST_PRIORITY, nice + VERIFIER_NICE_RAISE))
             self._claim_and_verify()
         except Exception as exc:  # never let the verifier take the worker down
             _LOG.exception("background verification of %s... failed unexpectedly", self._key[:16])

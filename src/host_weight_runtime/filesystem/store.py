@@ -11,6 +11,7 @@ The store is the front door; each of its jobs lives in one private module:
 - `_lookup`: validate a published artifact and map it into a lease (`ArtifactLookup.make_lease`);
 - `_build`: the build lock, join, quarantine-and-rebuild, and running the producer into staging;
 - `_bundle`: ARTIFACT_BUNDLE builds, one producer pass for several outputs, each published atomically;
+- `_staging`: the steps both build paths share (stale staging, a new staging directory, the manifest);
 - `_publication`: sealing staging (manifest, READY, permissions, fsync) and the commit rename;
 - `_deny`: deny markers for artifacts that failed validation;
 - `_verify`: the background full verification of each publication once per node (HWR_BACKGROUND_VERIFY);
@@ -37,6 +38,7 @@ from ._eviction import Evictor
 from ._layout import DomainLayout
 from ._lookup import ArtifactLookup
 from ._maintenance import DomainMaintenance
+from ._prefault import prefault_enabled
 from ._verify import BackgroundVerifyMode, VerificationLedger, VerificationRecord, background_verify_mode
 from .capacity import CapacityGuard
 from .domain import DomainInfo, MountTable, open_domain
@@ -61,14 +63,20 @@ class FilesystemHostWeightStore:
         hash_threads: int | None = None,
         eviction: EvictionPolicy = EvictionPolicy.LRU,
         background_verify: BackgroundVerifyMode | None = None,
+        prefault: bool | None = None,
     ) -> None:
-        """`background_verify=None` reads HWR_BACKGROUND_VERIFY (default `once`); see `_verify`."""
+        """`background_verify=None` reads HWR_BACKGROUND_VERIFY (default `once`, see `_verify`) and
+        `prefault=None` reads HWR_PREFAULT (default on, see `_prefault`), both through `from_env`."""
         if not isinstance(eviction, EvictionPolicy):
             raise ValueError(f"eviction must be an EvictionPolicy, got {eviction!r}")
         if background_verify is None:
             background_verify = background_verify_mode()
         elif not isinstance(background_verify, BackgroundVerifyMode):
             raise ValueError(f"background_verify must be a BackgroundVerifyMode or None, got {background_verify!r}")
+        if prefault is None:
+            prefault = prefault_enabled()
+        elif type(prefault) is not bool:
+            raise ValueError(f"prefault must be a bool or None, got {prefault!r}")
         if scope is not CoordinationScope.SINGLE_PROCESS:
             raise HostWeightError(
                 failure(
@@ -93,7 +101,13 @@ class FilesystemHostWeightStore:
         deny = DenyMarkers(self._layout)
         evictor = Evictor(self._layout, storage)
         self._lookup = ArtifactLookup(
-            self._domain.domain_id, self._layout, deny, hash_threads, storage, verify_mode=background_verify
+            self._domain.domain_id,
+            self._layout,
+            deny,
+            hash_threads,
+            storage,
+            verify_mode=background_verify,
+            prefault=prefault,
         )
         self._builder = ArtifactBuilder(
             self._layout,
@@ -116,6 +130,8 @@ class FilesystemHostWeightStore:
             capacity=config.capacity,
             init_timeout_s=min(config.lock_timeout_s, 60.0),
             eviction=config.eviction,
+            background_verify=config.background_verify,
+            prefault=config.prefault,
         )
 
     @property

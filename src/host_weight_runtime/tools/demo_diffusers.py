@@ -57,13 +57,13 @@ from .common import JsonValue, remove_tree
 from .demo_store import (
     SHM,
     DemoError,
-    _artifact_memory,
     _expect,
     _memory_rollup,
     _run_child_group,
     _send,
     _terminate_as_exit,
 )
+from .memory import mapped_memory
 from .synthetic_pipelines import generation_kwargs, save_proportional_flux_pipeline
 
 __all__ = [
@@ -328,7 +328,7 @@ def child_main(path: str, pipeline_folder: Path, root: Path, reference: Path, re
         served = {} if loaded is None else dict(loaded.components)
         leases = [component.lease for component in served.values() if component.lease is not None]
         regions = [(region.address, region.length) for lease in leases for region in lease.mapped_regions]
-        _, artifact_pss = _artifact_memory(regions) if regions else (0, 0)
+        _, artifact_pss = mapped_memory(regions) if regions else (0, 0)
         artifact_bytes = sum(entry.size for lease in leases for entry in lease.manifest.files)
         if path == CANONICAL:
             torch.save(_image(pipeline, reference_seed).clone(), reference)
@@ -377,12 +377,11 @@ def _component_outcomes(loaded: LoadedPipeline | None) -> dict[str, str]:
 
 def _failure_text(loaded: LoadedComponent) -> str | None:
     """The first failure the load reported (identity, restore, resolution, publication), as `[code] message`."""
-    resolution = loaded.resolution
     publication = loaded.publication
     for problem in (
         loaded.identity_failure,
         loaded.restore_failure,
-        None if resolution is None else resolution.failure,
+        loaded.resolution.failure,
         None if publication is None else publication.failure,
     ):
         if problem is not None:

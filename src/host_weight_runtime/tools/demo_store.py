@@ -65,6 +65,7 @@ from host_weight_runtime import (
 )
 
 from .common import JsonValue, remove_tree
+from .memory import mapped_memory, memory_rollup
 
 __all__ = [
     "DEFAULT_SIZE_MIB",
@@ -290,35 +291,11 @@ class DemoReport:
 
 
 def _memory_rollup() -> tuple[int, int]:
-    """(RSS, PSS) of this process in bytes, from /proc/self/smaps_rollup."""
-    values: dict[str, int] = {}
+    """(RSS, PSS) of this process in bytes; a kernel without smaps_rollup is a DemoError that says so."""
     try:
-        text = Path("/proc/self/smaps_rollup").read_text()
+        return memory_rollup()
     except OSError as exc:
         raise DemoError(f"cannot read /proc/self/smaps_rollup ({exc}); the demo needs Linux 4.14 or later") from exc
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        if name in ("Rss", "Pss"):
-            values[name] = int(rest.split()[0]) * 1024
-    return values.get("Rss", 0), values.get("Pss", 0)
-
-
-def _artifact_memory(regions: Sequence[tuple[int, int]]) -> tuple[int, int]:
-    """(RSS, PSS) of the mappings that overlap the lease's regions, from /proc/self/smaps."""
-    rss = pss = 0
-    inside = False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            head = line.split(maxsplit=1)[0]
-            if "-" in head and not head.endswith(":"):
-                low_text, _, high_text = head.partition("-")
-                low, high = int(low_text, 16), int(high_text, 16)
-                inside = any(address < high and low < address + length for address, length in regions)
-            elif inside and head == "Rss:":
-                rss += int(line.split()[1]) * 1024
-            elif inside and head == "Pss:":
-                pss += int(line.split()[1]) * 1024
-    return rss, pss
 
 
 def _touch_pages(lease: HostWeightLease) -> int:
@@ -361,9 +338,8 @@ def child_main(process: str, root: Path, size_mib: int) -> int:
         rss, pss = _memory_rollup()
         artifact_rss = artifact_pss = artifact_bytes = 0
         if lease is not None:
-            artifact_rss, artifact_pss = _artifact_memory(
-                [(region.address, region.length) for region in lease.mapped_regions]
-            )
+            regions = [(region.address, region.length) for region in lease.mapped_regions]
+            artifact_rss, artifact_pss = mapped_memory(regions)
             artifact_bytes = sum(entry.size for entry in lease.manifest.files)
         problem = resolution.report.failure
         row = DemoRow(

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import multiprocessing
 import os
@@ -34,31 +33,28 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from host_weight_runtime import (
     ArtifactState,
-    BuildRequest,
     CapacityPolicy,
     FilesystemHostWeightStore,
-    HostWeightRuntime,
-    HostWeightRuntimeConfig,
-    RuntimeMode,
     StoreStatus,
     ValidationLevel,
-    WeightArtifactIdentity,
 )
-from host_weight_runtime._faults import Fault, FaultAction, arm
 
 from .common import JsonValue, remove_tree
-from .demo_store import DemoProducer, demo_identity
+from .soak_worker import (
+    REPLY_TIMEOUT_S,
+    SoakModel,
+    diffusers_models,
+    diffusers_references,
+    synthetic_references,
+    worker_main,
+)
 
 __all__ = ["SoakOptions", "SoakSummary", "main", "run_soak"]
 
@@ -66,7 +62,6 @@ ENV_SECONDS = "SOAK_SECONDS"
 ENV_SEED = "SOAK_SEED"
 ENV_WORKERS = "SOAK_WORKERS"
 MIB = 1 << 20
-_REPLY_TIMEOUT_S = 120.0
 _BUILD_SEAMS = (
     "build.staging_created",
     "publication.before_manifest",
@@ -164,139 +159,6 @@ class SoakSummary:
         )
 
 
-# --------------------------------------------------------------------------- the models
-
-
-@dataclass(frozen=True, slots=True)
-class _Model:
-    """A synthetic model (identity + producer recipe) or a tiny diffusers pipeline folder."""
-
-    index: int
-    size_mib: int = 1
-    seed: int = 0
-    folder: str | None = None  # diffusers: the pipeline folder
-
-    @property
-    def name(self) -> str:
-        return f"diffusers-{self.index}" if self.folder is not None else f"synthetic-{self.index}"
-
-    def identity(self) -> WeightArtifactIdentity:
-        return demo_identity(self.size_mib, seed=self.seed)
-
-    def to_dict(self) -> dict[str, JsonValue]:
-        return {"index": self.index, "size_mib": self.size_mib, "seed": self.seed, "folder": self.folder}
-
-    @classmethod
-    def from_dict(cls, value: dict[str, Any]) -> _Model:
-        return cls(int(value["index"]), int(value["size_mib"]), int(value["seed"]), value.get("folder"))
-
-
-def tensors_digest(tensors: Iterator[tuple[str, Any]]) -> str:
-    """SHA-256 over every tensor's name, dtype, shape and bytes, in name order."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(tensors, key=lambda item: item[0]):
-        flat = tensor.detach().contiguous().reshape(-1)
-        digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}\n".encode())
-        digest.update(flat.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-# --------------------------------------------------------------------------- the worker process
-
-
-def _resolve_synthetic(store: FilesystemHostWeightStore, model: _Model, validation: ValidationLevel) -> dict[str, Any]:
-    identity = model.identity()
-    result = store.get_or_build(
-        BuildRequest(identity),
-        DemoProducer(identity, model.size_mib, seed=model.seed),
-        validation=validation,
-        deadline=time.monotonic() + _REPLY_TIMEOUT_S / 2,
-    )
-    reply: dict[str, Any] = {
-        "status": result.status.value,
-        "key": identity.key,
-        "code": None if result.failure is None else result.failure.code.value,
-        "publication_id": result.publication_id,
-        "digest": None,
-        "verification": None,
-    }
-    lease = result.lease
-    if lease is not None:
-        try:
-            reply["digest"] = tensors_digest(iter(lease.tensors.items()))
-            if lease.verification is not None:
-                lease.verification.wait(_REPLY_TIMEOUT_S / 2)
-                reply["verification"] = lease.verification.state.value
-        finally:
-            lease.close()
-    return reply
-
-
-def _quiet_diffusers() -> None:
-    """No per-load progress bars from diffusers: the soak loads thousands of times."""
-    from diffusers.utils import logging as diffusers_logging
-
-    diffusers_logging.disable_progress_bar()
-
-
-def _resolve_diffusers(root: str, model: _Model, validation: ValidationLevel) -> dict[str, Any]:
-    from host_weight_runtime.diffusion import load_component
-
-    _quiet_diffusers()
-    from .synthetic_models import TRANSFORMER_SUBFOLDER
-
-    config = HostWeightRuntimeConfig(mode=RuntimeMode.PREFERRED, root=Path(root), validation=validation)
-    assert model.folder is not None
-    with load_component(model.folder, subfolder=TRANSFORMER_SUBFOLDER, runtime=HostWeightRuntime(config)) as loaded:
-        lease = loaded.lease
-        digest = tensors_digest(iter(loaded.model.state_dict().items()))
-        verification = None
-        if lease is not None and lease.verification is not None:
-            lease.verification.wait(_REPLY_TIMEOUT_S / 2)
-            verification = lease.verification.state.value
-        failure = None if loaded.resolution is None else loaded.resolution.failure
-        return {
-            "status": "hit" if lease is not None else "fallback",
-            "key": None if lease is None else lease.identity.key,
-            "code": None if failure is None else failure.code.value,
-            "publication_id": None if lease is None else lease.publication_id,
-            "digest": digest,
-            "verification": verification,
-        }
-
-
-def worker_main(root: str, conn: Connection) -> None:
-    """A soak worker: resolve what the controller asks, one request at a time; report over `conn`."""
-    os.environ["HWR_BACKGROUND_VERIFY"] = "once"  # the soak exercises the background verifier too
-    store = FilesystemHostWeightStore(Path(root))
-    conn.send({"ready": os.getpid()})
-    while True:
-        try:
-            request = conn.recv()
-        except EOFError:
-            return
-        if request.get("op") == "stop":
-            return
-        model = _Model.from_dict(request["model"])
-        validation = ValidationLevel(request["validation"])
-        pause_at = request.get("pause_at")
-        if pause_at is not None:
-
-            def hook(point: str) -> None:
-                conn.send({"paused": point})
-                conn.recv()  # the controller kills this process here
-
-            arm(pause_at, Fault(FaultAction.PAUSE, hook=hook))
-        try:
-            if model.folder is None:
-                reply = _resolve_synthetic(store, model, validation)
-            else:
-                reply = _resolve_diffusers(root, model, validation)
-        except Exception:
-            reply = {"error": traceback.format_exc(limit=12)}
-        conn.send(reply)
-
-
 # --------------------------------------------------------------------------- the controller
 
 
@@ -312,7 +174,7 @@ class _Worker:
         try:
             ready = self.recv()
         except EOFError:
-            self.process.join(_REPLY_TIMEOUT_S)
+            self.process.join(REPLY_TIMEOUT_S)
             raise RuntimeError(
                 f"soak worker failed to start (exit code {self.process.exitcode}); its stderr above says why"
             ) from None
@@ -320,21 +182,21 @@ class _Worker:
             raise RuntimeError(f"soak worker failed to start: {ready!r}")
 
     def recv(self) -> Any:
-        if not self.conn.poll(_REPLY_TIMEOUT_S):
-            raise RuntimeError(f"soak worker {self.process.pid} did not answer within {_REPLY_TIMEOUT_S:.0f} s")
+        if not self.conn.poll(REPLY_TIMEOUT_S):
+            raise RuntimeError(f"soak worker {self.process.pid} did not answer within {REPLY_TIMEOUT_S:.0f} s")
         return self.conn.recv()
 
     def kill(self) -> None:
         self.killed = True
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.process.pid, signal.SIGKILL)
-        self.process.join(_REPLY_TIMEOUT_S)
+        self.process.join(REPLY_TIMEOUT_S)
         self.conn.close()
 
     def stop(self) -> None:
         with contextlib.suppress(OSError, ValueError):
             self.conn.send({"op": "stop"})
-        self.process.join(_REPLY_TIMEOUT_S)
+        self.process.join(REPLY_TIMEOUT_S)
         if self.process.is_alive():
             self.kill()
 
@@ -350,7 +212,7 @@ class _Corruption:
 class _Soak:
     """The controller's state: workers, models, references and what the soak itself corrupted."""
 
-    def __init__(self, options: SoakOptions, root: Path, models: list[_Model], rng: random.Random) -> None:
+    def __init__(self, options: SoakOptions, root: Path, models: list[SoakModel], rng: random.Random) -> None:
         self.options = options
         self.root = root
         self.models = models
@@ -373,7 +235,7 @@ class _Soak:
     def _check_dead(self, index: int, what: str) -> None:
         """A worker whose pipe broke without our SIGKILL died of something else: a violation."""
         worker = self.workers[index]
-        worker.process.join(_REPLY_TIMEOUT_S)
+        worker.process.join(REPLY_TIMEOUT_S)
         if not worker.killed:
             self.violation(f"worker {worker.process.pid} died during {what} with exit code {worker.process.exitcode}")
         self._replace(index)
@@ -405,7 +267,7 @@ class _Soak:
     # ---------------------------------------------------------------- actions
 
     def resolve(self) -> None:
-        requests: list[tuple[int, _Model, ValidationLevel]] = []
+        requests: list[tuple[int, SoakModel, ValidationLevel]] = []
         for index, worker in enumerate(self.workers):
             model = self.rng.choice(self.models)
             validation = self.rng.choice(list(ValidationLevel))
@@ -423,7 +285,7 @@ class _Soak:
                 continue
             self._judge(model, validation, reply)
 
-    def _judge(self, model: _Model, validation: ValidationLevel, reply: dict[str, Any]) -> None:
+    def _judge(self, model: SoakModel, validation: ValidationLevel, reply: dict[str, Any]) -> None:
         summary = self.summary
         summary.resolves += 1
         if "error" in reply:
@@ -618,57 +480,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _diffusers_models(count: int, workdir: Path, first_index: int) -> list[_Model]:
-    """Tiny real Flux pipelines on disk, each with different weights."""
-    if count == 0:
-        return []
-    from .synthetic_models import save_flux_pipeline_folder
-
-    models = []
-    for offset in range(count):
-        folder = workdir / f"flux-{offset}"
-        save_flux_pipeline_folder(folder, target_bytes=2 * MIB, seed=offset)
-        models.append(_Model(first_index + offset, folder=str(folder)))
-    return models
-
-
-def _diffusers_references(models: Sequence[_Model]) -> dict[str, str]:
-    """The canonical (diffusers from_pretrained, no HWR) digest of each diffusers model."""
-    if not models:
-        return {}
-    from host_weight_runtime.diffusion import load_component
-
-    from .synthetic_models import TRANSFORMER_SUBFOLDER
-
-    _quiet_diffusers()
-    references = {}
-    runtime = HostWeightRuntime(HostWeightRuntimeConfig(mode=RuntimeMode.DISABLED))
-    for model in models:
-        assert model.folder is not None
-        with load_component(model.folder, subfolder=TRANSFORMER_SUBFOLDER, runtime=runtime) as loaded:
-            references[model.name] = tensors_digest(iter(loaded.model.state_dict().items()))
-    return references
-
-
-def _synthetic_references(models: Sequence[_Model], workdir: Path) -> dict[str, str]:
-    """Each synthetic model built once with FULL_CHECKSUM in a private reference domain."""
-    store = FilesystemHostWeightStore(workdir / "reference-domain")
-    references = {}
-    for model in models:
-        identity = model.identity()
-        result = store.get_or_build(
-            BuildRequest(identity),
-            DemoProducer(identity, model.size_mib, seed=model.seed),
-            validation=ValidationLevel.FULL_CHECKSUM,
-            deadline=time.monotonic() + _REPLY_TIMEOUT_S,
-        )
-        if result.lease is None:
-            raise RuntimeError(f"could not build the reference of {model.name}: {result.failure}")
-        with result.lease as lease:
-            references[model.name] = tensors_digest(iter(lease.tensors.items()))
-    return references
-
-
 def run_soak(options: SoakOptions, say: Callable[[str], None] = lambda _line: None) -> SoakSummary:
     """Soak a fresh domain under /dev/shm (or `workdir`) for `options.seconds` (or `options.steps`)."""
     seed = options.seed if options.seed is not None else random.SystemRandom().randrange(1 << 32)
@@ -680,17 +491,17 @@ def run_soak(options: SoakOptions, say: Callable[[str], None] = lambda _line: No
     soak: _Soak | None = None
     try:
         synthetic = [
-            _Model(index, size_mib=1 + index % 2, seed=1000 + index) for index in range(options.synthetic_models)
+            SoakModel(index, size_mib=1 + index % 2, seed=1000 + index) for index in range(options.synthetic_models)
         ]
-        diffusers = _diffusers_models(options.diffusers_models, workdir / "pipelines", len(synthetic))
+        diffusers = diffusers_models(options.diffusers_models, workdir / "pipelines", len(synthetic))
         models = synthetic + diffusers
         root = workdir / "domain"
         total = sum(model.size_mib for model in synthetic) * MIB + len(diffusers) * 2 * MIB
         FilesystemHostWeightStore(root, capacity=CapacityPolicy(max_store_bytes=max(2 * MIB, int(total * 0.7))))
         soak = _Soak(options, root, models, rng)
         soak.summary.seed = seed
-        soak.references.update(_synthetic_references(synthetic, workdir))
-        soak.references.update(_diffusers_references(diffusers))
+        soak.references.update(synthetic_references(synthetic, workdir))
+        soak.references.update(diffusers_references(diffusers))
         say(f"soak: {len(models)} models, {options.workers} workers, domain {root}")
         deadline = started + options.seconds
         while time.monotonic() < deadline and (options.steps is None or soak.summary.steps < options.steps):

@@ -13,10 +13,8 @@ casts wrongly or misplaces always changes the output:
         └── diffusion_pytorch_model.safetensors
             (or diffusion_pytorch_model-0000i-of-0000n.safetensors + ….safetensors.index.json)
 
-    <cache_dir>/models--<org>--<name>/  save_hub_snapshot (the huggingface_hub cache layout)
-    ├── blobs/<sha256 of the content>   one regular file per distinct content
-    ├── refs/main                       the revision, 40 hex digits, no newline
-    └── snapshots/<revision>/…          relative symlinks into ../../blobs (one more ../ per subfolder)
+The same folders saved as a Hugging Face cache snapshot (synthetic_hub.py) and the forward
+passes the parity tests compare (synthetic_forward.py) are re-exported here.
 """
 
 from __future__ import annotations
@@ -26,9 +24,7 @@ import hashlib
 import inspect
 import json
 import math
-import os
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +32,10 @@ from typing import Any
 import diffusers
 import torch
 from diffusers.models.modeling_utils import ModelMixin, no_init_weights
+
+# Re-exported: the forward passes and the hub-cache layout live in their own modules.
+from .synthetic_forward import MODEL_KINDS, forward_inputs, run_forward
+from .synthetic_hub import save_hub_snapshot
 
 __all__ = [
     "MODEL_KINDS",
@@ -52,13 +52,9 @@ __all__ = [
     "tiny_spec",
 ]
 
-MODEL_KINDS = ("flux", "flux2", "minimax_h3", "sd3", "wan")
 
 TRANSFORMER_SUBFOLDER = "transformer"
 _MODEL_INDEX = "model_index.json"
-_REVISION = re.compile(r"[0-9a-f]{40}")
-_REPO_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_COPY_CHUNK = 8 * 2**20
 
 # Every generated tensor draws from its own generator seeded by (seed, tensor name), so a
 # tensor's values depend only on the seed, its name and its shape: adding a layer through
@@ -408,211 +404,3 @@ def save_flux_pipeline_folder(
     model = build_model("flux", seed=seed, config_overrides=config)
     shard = max_shard_size if max_shard_size is not None else max(1, math.ceil(target_bytes / 3))
     return _write_pipeline_folder(root, model, _spec("flux").pipeline_class_name, shard)
-
-
-# ---------------------------------------------------------------------------------------
-# Hugging Face cache layout
-
-
-def save_hub_snapshot(
-    cache_dir: Path, repo_id: str, folder: Path, *, revision: str | None = None, hard_link: bool = False
-) -> Path:
-    """Copy `folder` into `cache_dir` as the huggingface_hub cache does; returns the snapshot directory.
-
-    `hard_link=True` makes each blob a hard link of its source file instead of a copy (same
-    filesystem only): the same bytes, no second copy on disk or in the page cache. Running it
-    again with the same content is a no-op; a snapshot path that already links to different
-    content raises FileExistsError.
-    """
-    parts = repo_id.split("/")
-    if len(parts) != 2 or not all(_REPO_PART.fullmatch(part) for part in parts):
-        raise ValueError(f"repo_id must look like 'org/name', got {repo_id!r}")
-    if revision is None:
-        revision = hashlib.sha1(repo_id.encode()).hexdigest()
-    if not _REVISION.fullmatch(revision):
-        raise ValueError(f"revision must be 40 lowercase hex digits (a commit hash), got {revision!r}")
-    if not folder.is_dir():
-        raise NotADirectoryError(f"{folder} is not a directory: pass a pipeline or model folder")
-
-    repo_dir = cache_dir / f"models--{parts[0]}--{parts[1]}"
-    blobs = repo_dir / "blobs"
-    snapshot = repo_dir / "snapshots" / revision
-    blobs.mkdir(parents=True, exist_ok=True)
-    snapshot.mkdir(parents=True, exist_ok=True)
-
-    for source in sorted(path for path in folder.rglob("*") if path.is_file()):
-        relative = source.relative_to(folder)
-        digest = _sha256_file(source)
-        blob = blobs / digest
-        if not blob.exists():
-            if hard_link:
-                os.link(source, blob)
-            else:
-                _copy_to_new_file(source, blob)
-        link = snapshot / relative
-        link.parent.mkdir(parents=True, exist_ok=True)
-        target = Path(*([".."] * (len(relative.parts) + 1)), "blobs", digest)
-        if link.is_symlink() and Path(os.readlink(link)) == target:
-            continue
-        os.symlink(target, link)
-
-    refs = repo_dir / "refs"
-    refs.mkdir(exist_ok=True)
-    (refs / "main").write_text(revision, encoding="ascii")
-    return snapshot
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(_COPY_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _copy_to_new_file(source: Path, destination: Path) -> None:
-    """Copy through a unique temporary and rename, so a crashed copy never leaves a blob with the wrong content."""
-    temporary = destination.with_name(f".{destination.name}.{os.getpid()}.incomplete")
-    with source.open("rb") as reader, temporary.open("xb") as writer:
-        while chunk := reader.read(_COPY_CHUNK):
-            writer.write(chunk)
-    os.rename(temporary, destination)
-
-
-# ---------------------------------------------------------------------------------------
-# Forward passes for parity tests
-
-
-def _config_of(model: torch.nn.Module) -> Mapping[str, Any]:
-    config = getattr(model, "config", None)
-    if not isinstance(config, Mapping):
-        raise TypeError(f"{type(model).__name__} has no diffusers config: pass a model built by build_model")
-    return config
-
-
-def forward_inputs(
-    kind: str, model: torch.nn.Module, *, seed: int = 0, dtype: torch.dtype = torch.bfloat16
-) -> dict[str, Any]:
-    """Small deterministic keyword arguments for `model.forward`, shaped by the model's own config.
-
-    Random values are drawn in FP32 and then cast, so inputs for different dtypes hold
-    the same numbers up to rounding; position ids and index tensors are exact.
-    """
-    config = _config_of(model)
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(shape, generator=generator, dtype=torch.float32).to(dtype)
-
-    _spec(kind)
-    if kind == "flux":
-        return _flux_inputs(config, randn, dtype)
-    if kind == "flux2":
-        return _flux2_inputs(config, randn, dtype)
-    if kind == "sd3":
-        return _sd3_inputs(config, randn)
-    if kind == "wan":
-        return _wan_inputs(config, randn)
-    return _minimax_h3_inputs(config, randn)
-
-
-_IMAGE_SIDE = 4  # latent tokens per side (after patching)
-_TEXT_TOKENS = 8
-_WAN_I2V_TEXT_TOKENS = 512  # WanAttnProcessor hard-codes 512 text tokens when added K/V projections exist
-_WAN_IMAGE_TOKENS = 4
-
-
-def _grid_ids(columns: int, dtype: torch.dtype) -> torch.Tensor:
-    """(side², columns) position ids whose columns 1 and 2 are the row and column of each latent token."""
-    rows = torch.arange(_IMAGE_SIDE).repeat_interleave(_IMAGE_SIDE)
-    cols = torch.arange(_IMAGE_SIDE).repeat(_IMAGE_SIDE)
-    ids = torch.zeros(_IMAGE_SIDE * _IMAGE_SIDE, columns)
-    ids[:, 1] = rows
-    ids[:, 2] = cols
-    return ids.to(dtype)
-
-
-def _flux_inputs(config: Mapping[str, Any], randn: Callable[..., torch.Tensor], dtype: torch.dtype) -> dict[str, Any]:
-    inputs: dict[str, Any] = {
-        "hidden_states": randn(1, _IMAGE_SIDE * _IMAGE_SIDE, config["in_channels"]),
-        "encoder_hidden_states": randn(1, _TEXT_TOKENS, config["joint_attention_dim"]),
-        "pooled_projections": randn(1, config["pooled_projection_dim"]),
-        "timestep": torch.tensor([0.5], dtype=dtype),
-        "img_ids": _grid_ids(3, dtype),
-        "txt_ids": torch.zeros(_TEXT_TOKENS, 3, dtype=dtype),
-    }
-    if config["guidance_embeds"]:
-        inputs["guidance"] = torch.tensor([4.0], dtype=dtype)  # 4000 is exact in BF16
-    return inputs
-
-
-def _flux2_inputs(config: Mapping[str, Any], randn: Callable[..., torch.Tensor], dtype: torch.dtype) -> dict[str, Any]:
-    axes = len(config["axes_dims_rope"])
-    txt_ids = torch.zeros(_TEXT_TOKENS, axes)
-    txt_ids[:, axes - 1] = torch.arange(_TEXT_TOKENS)
-    inputs: dict[str, Any] = {
-        "hidden_states": randn(1, _IMAGE_SIDE * _IMAGE_SIDE, config["in_channels"]),
-        "encoder_hidden_states": randn(1, _TEXT_TOKENS, config["joint_attention_dim"]),
-        "timestep": torch.tensor([0.5], dtype=dtype),
-        "img_ids": _grid_ids(axes, dtype),
-        "txt_ids": txt_ids.to(dtype),
-    }
-    if config["guidance_embeds"]:
-        inputs["guidance"] = torch.tensor([4.0], dtype=dtype)
-    return inputs
-
-
-def _sd3_inputs(config: Mapping[str, Any], randn: Callable[..., torch.Tensor]) -> dict[str, Any]:
-    side = _IMAGE_SIDE * config["patch_size"]
-    return {
-        "hidden_states": randn(1, config["in_channels"], side, side),
-        "encoder_hidden_states": randn(1, _TEXT_TOKENS, config["joint_attention_dim"]),
-        "pooled_projections": randn(1, config["pooled_projection_dim"]),
-        "timestep": torch.tensor([500.0]),
-    }
-
-
-def _wan_inputs(config: Mapping[str, Any], randn: Callable[..., torch.Tensor]) -> dict[str, Any]:
-    p_t, p_h, p_w = config["patch_size"]
-    i2v = config["added_kv_proj_dim"] is not None
-    inputs: dict[str, Any] = {
-        "hidden_states": randn(1, config["in_channels"], 2 * p_t, 2 * p_h, 2 * p_w),
-        "timestep": torch.tensor([500.0]),
-        "encoder_hidden_states": randn(1, _WAN_I2V_TEXT_TOKENS if i2v else _TEXT_TOKENS, config["text_dim"]),
-    }
-    if config["image_dim"] is not None:
-        inputs["encoder_hidden_states_image"] = randn(1, _WAN_IMAGE_TOKENS, config["image_dim"])
-    return inputs
-
-
-def _minimax_h3_inputs(config: Mapping[str, Any], randn: Callable[..., torch.Tensor]) -> dict[str, Any]:
-    """One packed sequence: 5 text rows, a 1x2x2 video grid, 3 audio rows; text at timestep 0, the rest at 1."""
-    p_t, p_h, p_w = config["patch_size"]
-    text, audio = 5, 3
-    grid = [(t, h, w) for t in range(1) for h in range(2) for w in range(2)]
-    video = len(grid)
-    positions = [(k, 0, 0) for k in range(text)] + grid + [(k, 0, 0) for k in range(audio)]
-    length = text + video + audio
-    return {
-        "hidden_states": randn(1, video, config["in_channels"] * p_t * p_h * p_w),
-        "audio_hidden_states": randn(1, audio, config["audio_in_channels"]),
-        "encoder_hidden_states": randn(1, text, config["text_dim"]),
-        "timestep": torch.tensor([0.0, 0.75]),
-        "timestep_indices": torch.tensor([0] * text + [1] * (video + audio)),
-        "token_tags": torch.tensor([1] * text + [0] * video + [2] * audio),
-        "position_ids": torch.tensor(positions),
-        "video_indices": torch.arange(text, text + video),
-        "audio_indices": torch.arange(text + video, length),
-        "text_indices": torch.arange(text),
-    }
-
-
-def run_forward(kind: str, model: torch.nn.Module, inputs: Mapping[str, Any]) -> torch.Tensor:
-    """The model's (video) sample for `inputs`, without autograd: `model(**inputs, return_dict=False)[0]`."""
-    _spec(kind)
-    with torch.inference_mode():
-        outputs = model(**inputs, return_dict=False)
-    sample = outputs[0]
-    if not isinstance(sample, torch.Tensor):
-        raise TypeError(f"{type(model).__name__} returned {type(sample).__name__} as its sample")
-    return sample

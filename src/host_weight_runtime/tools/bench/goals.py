@@ -23,10 +23,10 @@ from .names import (
 
 __all__ = ["BACKGROUND_TARGET", "COLD_TARGET", "PUBLISHED_TARGET", "STARTUP_TARGET_S", "goals", "ratio"]
 
-STARTUP_TARGET_S = 1.0  # "well under a second" for the read-only commands (issue 15)
-COLD_TARGET = 1.3  # a cold path's time to ready / canonical (issue 13)
-BACKGROUND_TARGET = 1.05  # canonical + background publication's time to ready / canonical (issue 13)
-PUBLISHED_TARGET = 2.0  # when that background publication finished / canonical (issue 13)
+STARTUP_TARGET_S = 1.0  # "well under a second" for the read-only commands
+COLD_TARGET = 1.3  # a cold path's time to ready / canonical
+BACKGROUND_TARGET = 1.05  # canonical + background publication's time to ready / canonical
+PUBLISHED_TARGET = 2.0  # when that background publication finished / canonical
 # Each checkpoint source's canonical load and its cold rows: a local folder (its files are hashed for the
 # content key) and the same files as a Hugging Face cache snapshot (the blob names are the content ids).
 _COLD_SOURCES = (

@@ -33,19 +33,20 @@ from host_weight_runtime.diffusion import (
 )
 
 from ..common import JsonValue
+from ..memory import memory_rollup, merged_spans
 from .peers import PeerLoad, load_peer, peer_named
 
 __all__ = [
     "PAGE_BYTES",
     "LoadKind",
     "RowSpec",
-    "memory_rollup",
     "join_group",
     "leave_group",
     "peak_rss",
     "reset_peak_rss",
     "run_row",
     "touch_model",
+    "weight_spans",
 ]
 
 PAGE_BYTES = 4096
@@ -146,17 +147,6 @@ def peak_rss() -> int:
     return _status_kib("VmHWM") * 1024
 
 
-def memory_rollup(pid: int | str = "self") -> tuple[int, int]:
-    """(RSS, PSS) in bytes of a process, from /proc/<pid>/smaps_rollup."""
-    values: dict[str, int] = {}
-    with open(f"/proc/{pid}/smaps_rollup") as rollup:
-        for line in rollup:
-            name, _, rest = line.partition(":")
-            if name in ("Rss", "Pss"):
-                values[name] = int(rest.split()[0]) * 1024
-    return values["Rss"], values["Pss"]
-
-
 # --------------------------------------------------------------------------- the touch pass
 
 
@@ -172,6 +162,12 @@ def _model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
         seen.add(tensor.data_ptr())
         tensors.append(tensor.detach())
     return tensors
+
+
+def weight_spans(model: torch.nn.Module) -> list[JsonValue]:
+    """[address, length] of the memory holding every weight (merged), so another process can read its PSS."""
+    spans = merged_spans((t.data_ptr(), t.numel() * t.element_size()) for t in _model_tensors(model))
+    return [[address, length] for address, length in spans]
 
 
 def touch_model(model: torch.nn.Module) -> tuple[int, int]:
@@ -323,7 +319,7 @@ def _component_facts(component: LoadedComponent | None) -> dict[str, JsonValue]:
             for problem in (
                 component.identity_failure,
                 component.restore_failure,
-                None if component.resolution is None else component.resolution.failure,
+                component.resolution.failure,
                 None if publication is None else publication.failure,
             )
             if problem is not None
@@ -331,8 +327,8 @@ def _component_facts(component: LoadedComponent | None) -> dict[str, JsonValue]:
         None,
     )
     return {
-        "outcome": None if component.outcome is None else component.outcome.value,
-        "attempts": [] if component.resolution is None else [a.result.value for a in component.resolution.attempts],
+        "outcome": component.outcome.value,
+        "attempts": [attempt.result.value for attempt in component.resolution.attempts],
         "load_path": component.load_path.value,
         "identity_key": component.identity_key or None,
         "publication": None if publication is None else publication.status.value,
@@ -377,6 +373,7 @@ def run_row(spec: RowSpec, flux_class: Any) -> tuple[dict[str, JsonValue], _Load
         "peak_rss_bytes": peak,
         "rss_bytes": rss,
         "pss_bytes": pss,
+        "weight_spans": weight_spans(loaded.model),  # whoever reads the weights' PSS reads it in these mappings
         "published_ms": published_ms,
         "verification_s": None if verification is None else verification.elapsed_s,
         "verification": None if verification is None else verification.state.value,

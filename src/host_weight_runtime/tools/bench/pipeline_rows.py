@@ -36,7 +36,8 @@ from typing import IO, Any
 import torch
 
 from ..common import JsonValue, remove_tree
-from .measure import memory_rollup, touch_model
+from ..memory import memory_rollup
+from .measure import touch_model
 from .stats import Stats
 
 __all__ = ["PIPELINE_ROWS", "WARM_PSS_TARGET", "WARM_VIEWS_TARGET", "measure_pipeline_rows"]

@@ -139,7 +139,9 @@ def markdown(report: BenchReport) -> str:
         f"FluxTransformer2DModel: {model['checkpoint_bytes'] / MIB:.0f} MiB FP32 checkpoint, "
         f"{model['artifact_bytes'] / MIB:.0f} MiB final-layout artifact ({model['tensors']} tensors). "
         f"{options['runs']} runs per time figure, each in a fresh process; {options['workers']} concurrent "
-        f"workers for PSS ({options.get('memory_runs', options['runs'])} runs). "
+        f"workers for PSS ({options.get('memory_runs', options['runs'])} runs; weights PSS: the PSS of the "
+        "mappings holding each worker's weights, from /proc/<pid>/smaps, each counting at most the weights' "
+        "bytes in it). "
         f"`hwr bench` took {data['elapsed_s']:.0f} s.",
         "",
         "**Page cache hot**",

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ..mapped_memory import total_mapped_memory
+from ..memory import memory_rollup
 from ..synthetic_pipelines import PROMPT, T5_MAX_LENGTH, save_proportional_flux_pipeline
-from .measure import memory_rollup
 
 __all__ = ["ServeBenchOptions", "run_serve_bench", "serve_markdown", "stop_service"]
 

@@ -29,9 +29,10 @@ from host_weight_runtime import (
 from host_weight_runtime.diffusion import PrewarmResult, prewarm_component, prewarm_tensor_parallel
 
 from ..common import JsonValue, remove_tree
+from ..memory import weights_pss
 from .batch import WorkerBatch
 from .goals import ratio
-from .measure import LoadKind, RowSpec, memory_rollup
+from .measure import LoadKind, RowSpec
 from .stats import Stats
 
 __all__ = ["REPLICAS", "TensorParallelSetup", "measure_tensor_parallel"]
@@ -147,13 +148,15 @@ def _measure_size(
                     rows.extend(replica_rows)
                     group_ready.append(max(float(row["time_to_ready_ms"]) for row in replica_rows))
                 everyone = list(range(len(specs)))
-                pss_now = [memory_rollup(batch.pid(index))[1] for index in everyone]
+                # The PSS of the memory holding each rank's weights (its artifact's mappings), read while every
+                # replica holds them: the process's whole growth would count its torch.distributed set-up too.
+                weights_now = [weights_pss(row["weight_spans"], row["pid"]) for row in rows]
                 batch.release(everyone)
             finally:
                 batch.close()
             per_rank.extend(float(row["time_to_ready_ms"]) for row in rows)
             outcomes.update(str(row["outcome"]) for row in rows)
-            weights.append(float(sum(now - row["baseline_pss_bytes"] for now, row in zip(pss_now, rows, strict=True))))
+            weights.append(float(sum(weights_now)))
     finally:
         remove_tree(root)
     weights_stats = Stats.of(weights)
