@@ -9,10 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["MappingUsage", "mapped_memory", "mappings", "memory_rollup", "merged_spans", "weights_pss"]
+__all__ = [
+    "MappedMemory",
+    "MappingUsage",
+    "mapped_file_memory",
+    "mapped_memory",
+    "mappings",
+    "memory_rollup",
+    "merged_spans",
+    "total_mapped_memory",
+    "weights_pss",
+]
 
 Span = tuple[int, int]  # (address, length in bytes)
+_SMAPS_FIELDS = ("Rss:", "Pss:", "Private_Dirty:", "Private_Clean:")
 
 
 def memory_rollup(pid: int | str = "self") -> tuple[int, int]:
@@ -28,30 +40,44 @@ def memory_rollup(pid: int | str = "self") -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class MappingUsage:
-    """One mapping of /proc/<pid>/smaps: its address range, what backs it, and its RSS and PSS in bytes."""
+    """One mapping of /proc/<pid>/smaps: its address range, what backs it, its RSS and PSS, and its private pages
+    in bytes (Private_Dirty counts copy-on-write copies of a MAP_PRIVATE mapping, which its file never sees)."""
 
     low: int
     high: int
     path: str
     rss: int
     pss: int
+    private_dirty: int = 0
+    private_clean: int = 0
 
 
 def mappings(pid: int | str = "self") -> list[MappingUsage]:
     """Every mapping of a process with its RSS and PSS, from /proc/<pid>/smaps."""
     found: list[MappingUsage] = []
     header: tuple[int, int, str] | None = None
-    sizes = {"Rss:": 0, "Pss:": 0}
-    with open(f"/proc/{pid}/smaps") as smaps:
+    sizes = dict.fromkeys(_SMAPS_FIELDS, 0)
+    with open(f"/proc/{pid}/smaps", encoding="utf-8", errors="replace") as smaps:
         for line in [*smaps, "0-0 end"]:
             head, _, rest = line.partition(" ")
             if "-" in head and not head.endswith(":"):  # a mapping's header: "low-high perms offset dev inode path"
                 if header is not None:
-                    found.append(MappingUsage(*header, rss=sizes["Rss:"], pss=sizes["Pss:"]))
+                    low_address, high_address, path = header
+                    found.append(
+                        MappingUsage(
+                            low_address,
+                            high_address,
+                            path,
+                            rss=sizes["Rss:"],
+                            pss=sizes["Pss:"],
+                            private_dirty=sizes["Private_Dirty:"],
+                            private_clean=sizes["Private_Clean:"],
+                        )
+                    )
                 low, _, high = head.partition("-")
                 fields = rest.split(maxsplit=4)
                 header = (int(low, 16), int(high, 16), fields[4].strip() if len(fields) > 4 else "")
-                sizes = {"Rss:": 0, "Pss:": 0}
+                sizes = dict.fromkeys(_SMAPS_FIELDS, 0)
             elif head in sizes:
                 sizes[head] = int(rest.split()[0]) * 1024
     return found
@@ -87,3 +113,43 @@ def weights_pss(spans: Sequence[Span], pid: int | str = "self") -> int:
     """
     merged = merged_spans(spans)
     return sum(min(mapping.pss, inside) for mapping in mappings(pid) if (inside := _overlap(mapping, merged)) > 0)
+
+
+@dataclass(frozen=True, slots=True)
+class MappedMemory:
+    """Bytes of one process's (or several processes') mappings of the files under one directory."""
+
+    rss: int = 0
+    pss: int = 0
+    private_dirty: int = 0
+    private_clean: int = 0
+    mappings: int = 0
+
+    def __add__(self, other: MappedMemory) -> MappedMemory:
+        return MappedMemory(
+            self.rss + other.rss,
+            self.pss + other.pss,
+            self.private_dirty + other.private_dirty,
+            self.private_clean + other.private_clean,
+            self.mappings + other.mappings,
+        )
+
+
+def mapped_file_memory(pid: int | str, directory: Path | str) -> MappedMemory:
+    """The memory of `pid`'s mappings of files under `directory` (an artifacts folder, resolved)."""
+    prefix = str(Path(directory).resolve()).rstrip("/") + "/"
+    total = MappedMemory()
+    for mapping in mappings(pid):
+        if mapping.path.startswith(prefix):
+            total = total + MappedMemory(
+                mapping.rss, mapping.pss, mapping.private_dirty, mapping.private_clean, mappings=1
+            )
+    return total
+
+
+def total_mapped_memory(pids: Iterable[int], directory: Path | str) -> MappedMemory:
+    """The sum over `pids` of `mapped_file_memory`: N workers sharing one artifact sum to about one copy."""
+    total = MappedMemory()
+    for pid in pids:
+        total = total + mapped_file_memory(pid, directory)
+    return total

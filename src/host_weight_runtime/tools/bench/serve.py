@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..mapped_memory import total_mapped_memory
-from ..memory import memory_rollup
+from ..memory import memory_rollup, total_mapped_memory
 from ..synthetic_pipelines import PROMPT, T5_MAX_LENGTH, save_proportional_flux_pipeline
 
 __all__ = ["ServeBenchOptions", "run_serve_bench", "serve_markdown", "stop_service"]
