@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test,lint,diffusion,bench,remote,serve]"
 	touch $(STAMP)
 
+# Two workers, one test file at a time each: many tests wait on child processes, so 2 cores stay busy.
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples

@@ -90,11 +90,14 @@ def test_hwr_prewarm_says_the_subfolder_fix_as_an_option(
     assert artifact_keys(root) == []
 
 
-def test_hwr_prewarm_of_a_pipeline_folder_without_subfolder(
+def test_hwr_prewarm_of_a_folder_without_subfolder_or_model_index(
     tmp_path: Path, pipeline: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`hwr prewarm PIPELINE` (no --subfolder) says the folder has no config.json, lists the components and
-    says `--subfolder transformer`; the library says subfolder="transformer" for the same folder."""
+    """`hwr prewarm FOLDER` (no --subfolder) on a folder with neither config.json nor model_index.json says the
+    folder has no config.json, lists the components and says `--subfolder transformer`; the library says
+    subfolder="transformer" for the same folder. (A pipeline folder with model_index.json prewarms every
+    component instead: tests/test_cli_prewarm.py.)"""
+    (pipeline / "model_index.json").unlink()
     root = tmp_path / "domain"
     line = _hwr_error(capsys, "prewarm", str(pipeline), "--root", str(root), status=2)
     assert "has no config.json" in line and "the subfolders that hold a config.json: transformer" in line
