@@ -20,19 +20,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 import collections
 import contextlib
 import hashlib
-import os
-import threading
 from collections.abc import Generator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
-from .._digest import DEFAULT_DIGEST_ALGORITHM, DigestAlgorithm, TreeHasher
+from .._digest import DEFAULT_DIGEST_ALGORITHM, DigestAlgorithm
 from .._faults import fault_point
 from ..canonical_json import JsonValue
 from ..failures import HostWeightError
@@ -44,11 +41,11 @@ from ..protocols import (
     ProductionMetadata,
     RemoteArtifactDescriptor,
     TensorFileWriter,
-    TensorWriteSpec,
 )
 from ..tensors import dtype_from_code, dtype_itemsize
 from ._descriptor import DESCRIPTOR_FILE_NAME, MAX_DESCRIPTOR_BYTES, MAX_MANIFEST_BYTES, RemoteDescriptorRecord
 from ._location import DEFAULT_TIMEOUT_S, RemoteLocation, remote_failed
+from ._ranges import HashLanes, RangeBuffers, ReadRange, plan_ranges, spec_of, tensor_from
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -60,164 +57,6 @@ DEFAULT_CHUNK_BYTES = 32 << 20
 DEFAULT_MAX_CONCURRENCY = 4
 
 
-# --------------------------------------------------------------------------- read plan
-
-
-@dataclass(frozen=True, slots=True)
-class _Write:
-    """One writer call: rows [start_row, start_row + rows) of a tensor, at `offset` inside its range."""
-
-    spec: TensorWriteSpec
-    entry: TensorManifestEntry
-    start_row: int | None  # None: write_tensor (0-dim or empty tensors)
-    rows: int
-    offset: int
-    nbytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Range:
-    """One ranged read [start, end) of a payload object and the writes it feeds."""
-
-    start: int
-    end: int
-    writes: tuple[_Write, ...]
-
-
-def _plan_ranges(file: FileManifestEntry, tensors: tuple[TensorManifestEntry, ...], chunk_bytes: int) -> list[_Range]:
-    """Split a file's data section into reads of about `chunk_bytes`, each ending on a row boundary."""
-    ranges: list[_Range] = []
-    pending: list[_Write] = []
-    range_start = file.header_size
-    position = file.header_size
-
-    def flush() -> None:
-        nonlocal pending, range_start
-        if pending:
-            ranges.append(_Range(range_start, position, tuple(pending)))
-        pending = []
-        range_start = position
-
-    for entry in tensors:
-        spec = _spec_of(entry)
-        if not entry.shape or entry.nbytes == 0:
-            if position - range_start + entry.nbytes > chunk_bytes:
-                flush()
-            pending.append(_Write(spec, entry, None, 0, position - range_start, entry.nbytes))
-            position += entry.nbytes
-            continue
-        rows_total = entry.shape[0]
-        row_bytes = entry.nbytes // rows_total
-        row = 0
-        while row < rows_total:
-            room = chunk_bytes - (position - range_start)
-            if room < row_bytes and pending:
-                flush()
-                room = chunk_bytes
-            rows = min(rows_total - row, max(1, room // row_bytes))
-            nbytes = rows * row_bytes
-            pending.append(_Write(spec, entry, row, rows, position - range_start, nbytes))
-            position += nbytes
-            row += rows
-    flush()
-    return ranges
-
-
-def _spec_of(entry: TensorManifestEntry) -> TensorWriteSpec:
-    return TensorWriteSpec(
-        name=entry.name, shape=entry.shape, dtype=dtype_from_code(entry.dtype), kind=entry.kind, role=entry.role
-    )
-
-
-def _tensor_from(buffer: bytearray, write: _Write) -> torch.Tensor:
-    """A tensor viewing `write`'s bytes inside `buffer` (no copy); written before the buffer is dropped."""
-    import torch  # only a fetch needs it: `hwr inspect` and friends start without torch
-
-    dtype = write.spec.dtype
-    if write.nbytes == 0:
-        return torch.empty(write.spec.shape, dtype=dtype)
-    count = write.nbytes // dtype_itemsize(dtype)
-    flat = torch.frombuffer(buffer, dtype=dtype, count=count, offset=write.offset)
-    shape = write.spec.shape if write.start_row is None else (write.rows, *write.spec.shape[1:])
-    return flat.reshape(shape)
-
-
-class _HashLanes:
-    """Hashes each range's bytes right after they were written, behind the writes, in file order.
-
-    One lane thread feeds every tensor's tree hasher in order (ranges of a tensor arrive in
-    order); whole digest chunks spread over a few more threads. At most `pending` ranges wait
-    for hashing, so memory stays bounded; `drain` waits for them and raises what they raised.
-    """
-
-    def __init__(self, chunk_bytes: int, algorithm: DigestAlgorithm, *, pending: int, buffers: _Buffers) -> None:
-        self.buffers = buffers
-        self._chunk_bytes = chunk_bytes
-        self._algorithm = algorithm
-        self._pending = pending
-        self._lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-remote-hash")
-        self._leaves = ThreadPoolExecutor(max_workers=_leaf_threads(), thread_name_prefix="hwr-remote-leaf")
-        self._queued: collections.deque[Future[None]] = collections.deque()
-
-    def __enter__(self) -> _HashLanes:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for future in self._queued:
-            future.cancel()
-        self._lane.shutdown(wait=True)
-        self._leaves.shutdown(wait=True)
-
-    def open_file(self, tensors: tuple[TensorManifestEntry, ...]) -> dict[str, TreeHasher]:
-        return {tensor.name: TreeHasher(self._chunk_bytes, self._algorithm) for tensor in tensors}
-
-    def hash_behind(self, hashers: dict[str, TreeHasher], buffer: bytearray, writes: tuple[_Write, ...]) -> None:
-        while len(self._queued) >= self._pending:
-            self._queued.popleft().result()
-        self._queued.append(self._lane.submit(self._hash, hashers, buffer, writes))
-
-    def drain(self) -> None:
-        while self._queued:
-            self._queued.popleft().result()
-
-    def _hash(self, hashers: dict[str, TreeHasher], buffer: bytearray, writes: tuple[_Write, ...]) -> None:
-        with memoryview(buffer) as whole:
-            for write in writes:
-                hashers[write.spec.name].update(whole[write.offset : write.offset + write.nbytes], self._leaves)
-        self.buffers.give(buffer)
-
-
-class _Buffers:
-    """Range buffers handed back after use: a fresh buffer of tens of MiB costs a page fault and a zeroed page
-    per 4 KiB on first touch; a reused one costs neither. Only buffers of the usual size are kept, at most `keep`."""
-
-    def __init__(self, size: int, *, keep: int) -> None:
-        self._size = size
-        self._keep = keep
-        self._free: list[bytearray] = []
-        self._lock = threading.Lock()
-
-    def take(self, nbytes: int) -> bytearray:
-        if nbytes > self._size:
-            return bytearray(nbytes)  # one row longer than a range: read whole, never kept
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        return bytearray(self._size)
-
-    def give(self, buffer: bytearray) -> None:
-        if len(buffer) != self._size:
-            return
-        with self._lock:
-            if len(self._free) < self._keep:
-                self._free.append(buffer)
-
-
-def _leaf_threads() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
-
-
-# --------------------------------------------------------------------------- provider
 
 
 class FsspecArtifactProvider:
@@ -408,11 +247,11 @@ class FsspecArtifactProvider:
         by_file = self._layout_by_file(key, manifest)
         with (
             ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix="hwr-remote") as pool,
-            _HashLanes(
+            HashLanes(
                 manifest.digest_chunk_bytes,
                 algorithm,
                 pending=self._concurrency,
-                buffers=_Buffers(self._chunk_bytes, keep=2 * self._concurrency + 2),
+                buffers=RangeBuffers(self._chunk_bytes, keep=2 * self._concurrency + 2),
             ) as lanes,
         ):
             for file in manifest.files:
@@ -490,11 +329,11 @@ class FsspecArtifactProvider:
         writer: ArtifactWriter,
         *,
         pool: ThreadPoolExecutor,
-        lanes: _HashLanes,
+        lanes: HashLanes,
     ) -> None:
-        specs = tuple(_spec_of(entry) for entry in tensors)
+        specs = tuple(spec_of(entry) for entry in tensors)
         relative = f"{key}/{file.name}"
-        ranges = self._stream(relative, _plan_ranges(file, tensors, self._chunk_bytes), pool, lanes.buffers)
+        ranges = self._stream(relative, plan_ranges(file, tensors, self._chunk_bytes), pool, lanes.buffers)
         with contextlib.closing(ranges):  # no read outlives a failed write
             next(ranges)  # the first reads start now, while the writer preallocates the file
             one_pass = False
@@ -512,7 +351,7 @@ class FsspecArtifactProvider:
                 window_range, buffer = item
                 fault_point("remote.fetch.chunk")
                 for write in window_range.writes:
-                    tensor = _tensor_from(buffer, write)
+                    tensor = tensor_from(buffer, write)
                     if write.start_row is None:
                         file_writer.write_tensor(write.spec.name, tensor)
                     else:
@@ -535,17 +374,17 @@ class FsspecArtifactProvider:
             file_writer.close()
             self._compare_hashed(key, file, tensors, digests)
 
-    def _read_range(self, relative: str, item: _Range, buffers: _Buffers) -> tuple[bytearray, int]:
+    def _read_range(self, relative: str, item: ReadRange, buffers: RangeBuffers) -> tuple[bytearray, int]:
         """One ranged read into a (reused) writable buffer, on a reading thread (tensors view it)."""
         buffer = buffers.take(item.end - item.start)
         return buffer, self._location.read_into(relative, item.start, item.end, buffer)
 
     def _stream(
-        self, relative: str, ranges: list[_Range], pool: ThreadPoolExecutor, buffers: _Buffers
-    ) -> Generator[tuple[_Range, bytearray] | None, None, None]:
+        self, relative: str, ranges: list[ReadRange], pool: ThreadPoolExecutor, buffers: RangeBuffers
+    ) -> Generator[tuple[ReadRange, bytearray] | None, None, None]:
         """Yield None once the first reads are submitted, then each range's bytes in order, keeping up to
         `max_concurrency` reads in flight."""
-        window: collections.deque[tuple[_Range, Future[tuple[bytearray, int]]]] = collections.deque()
+        window: collections.deque[tuple[ReadRange, Future[tuple[bytearray, int]]]] = collections.deque()
         upcoming = iter(ranges)
         try:
             for item in upcoming:
