@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
@@ -77,11 +75,7 @@ class DiffusersFamily:
         return ModelFamilyName.DIFFUSERS
 
     def import_up_front(self, clock: ImportClock) -> None:
-        if all(name in sys.modules for name in _UP_FRONT_MODULES):
-            return
-        with clock.measure():
-            for name in _UP_FRONT_MODULES:
-                importlib.import_module(name)
+        clock.import_modules(_UP_FRONT_MODULES)
 
     def model_class(self, config: Mapping[str, Any], config_path: Path, clock: ImportClock | None) -> type[Any]:
         """The diffusers class named by `_class_name`, as diffusers resolves it (its module imports on `clock`)."""

@@ -14,9 +14,7 @@ lease's very tensor, every alias its owner's.
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -111,11 +109,7 @@ class TransformersFamily:
         return ModelFamilyName.TRANSFORMERS
 
     def import_up_front(self, clock: ImportClock) -> None:
-        if all(module in sys.modules for module in _UP_FRONT_MODULES):
-            return
-        with clock.measure():
-            for module in _UP_FRONT_MODULES:
-                importlib.import_module(module)
+        clock.import_modules(_UP_FRONT_MODULES)
 
     def model_class(self, config: Mapping[str, Any], config_path: Path, clock: ImportClock | None) -> type[Any]:
         """The class `model_index.json` (or else `architectures`) names, looked up in transformers only.
