@@ -111,6 +111,8 @@ class FinalLayoutSourceContext:
         """Records whose file vanished or no longer has the recorded state (symlinks followed)."""
         changed = []
         for record in self.files:
+            if self.sources[record.source_index].recorded is not None:
+                continue  # named by a remote's index, never on this node: nothing can change under the load
             try:
                 current = FileState.of(record.path)
             except OSError:
@@ -192,8 +194,17 @@ def snapshot_sources(
     if max_workers is not None and (type(max_workers) is not int or max_workers < 1):
         raise ValueError(f"max_workers must be None or an int >= 1, got {max_workers!r}")
     jobs = [(index, path) for index, source in enumerate(sources) for path in source.weight_files]
-    # Content ids that need no hashing (hub blob names, digest-cache entries) come first, without threads.
-    found: list[tuple[FileState, str] | None] = [_known_content_id(path, cache) for _index, path in jobs]
+    recorded = {
+        file.path: (FileState(0, 0, file.size, 0, 0), file.content_id)
+        for source in sources
+        if source.recorded is not None
+        for file in source.recorded.files
+    }
+    # Content ids that need no hashing (recorded by a name index, hub blob names, digest-cache entries) come
+    # first, without threads.
+    found: list[tuple[FileState, str] | None] = [
+        recorded[path] if path in recorded else _known_content_id(path, cache) for _index, path in jobs
+    ]
     to_hash = [position for position, known in enumerate(found) if known is None]
     workers = min(len(to_hash), max_workers if max_workers is not None else default_hash_threads())
     if workers <= 1:

@@ -31,6 +31,30 @@ def relative_parts(value: str, what: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordedWeightFile:
+    """A weight file a remote's name index describes instead of this node's disk: where it would be, its size,
+    content id and the tensor names its header lists."""
+
+    path: Path
+    size: int
+    content_id: str
+    tensor_names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedCheckpoint:
+    """The checkpoint of a load by name: files the node does not hold, and the key the index gave for them.
+
+    The key is recomputed from these records and the node's own skeleton; it must equal `index_key`.
+    """
+
+    files: tuple[RecordedWeightFile, ...]
+    index_key: str
+    index_name: str
+    remote: str
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedWeightSource:
     """Canonical source files and adapter ABI selected by the ordinary loader."""
 
@@ -43,6 +67,8 @@ class PreparedWeightSource:
     use_safetensors: bool
     source_kind: WeightSourceKind = WeightSourceKind.LOCAL_PATH
     checkpoint_adapter: ImplementationIdentity | None = None
+    recorded: RecordedCheckpoint | None = None
+    """Set for a load by name: the weight files are not on this node (nothing to read, hash or re-check)."""
 
     def __post_init__(self) -> None:
         if type(self.model_or_path) is not str or not self.model_or_path:
@@ -84,6 +110,11 @@ class PreparedWeightSource:
             raise ValueError("PreparedWeightSource.source_kind must be a WeightSourceKind")
         if self.checkpoint_adapter is not None and not isinstance(self.checkpoint_adapter, ImplementationIdentity):
             raise ValueError("PreparedWeightSource.checkpoint_adapter must be None or an ImplementationIdentity")
+        if self.recorded is not None and (
+            not isinstance(self.recorded, RecordedCheckpoint)
+            or tuple(file.path for file in self.recorded.files) != self.weight_files
+        ):
+            raise ValueError("PreparedWeightSource.recorded must be a RecordedCheckpoint listing weight_files in order")
 
     def _check_weight_files(self) -> None:
         files = self.weight_files

@@ -226,6 +226,8 @@ TRANSFORMERS_FAMILY = TransformersFamily()
 
 
 def _checkpoint_keys(source: PreparedWeightSource) -> list[str]:
+    if source.recorded is not None:  # a load by name: the index lists each file's tensor names
+        return [name for file in source.recorded.files for name in file.tensor_names]
     if not source.use_safetensors:
         raise _unsupported(
             f"{source.resolved_root} holds pickle (.bin) weights only; a transformers component is served from an "

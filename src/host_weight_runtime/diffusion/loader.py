@@ -18,19 +18,28 @@ from typing import Any
 import torch
 
 from ..config import RuntimeMode
-from ..failures import FailureCode, HostWeightError, HostWeightUsageError, ResolutionStage, usage_error
+from ..failures import (
+    FailureCode,
+    HostWeightError,
+    HostWeightFailure,
+    HostWeightUsageError,
+    ResolutionStage,
+    failure,
+    usage_error,
+)
 from ..outcomes import AttemptAction, AttemptResult, ResolutionAttempt, ResolutionOutcome, ResolutionReport
 from ..runtime import HostWeightRuntime
 from ._load_options import LoadOptions, check_dtype, check_load_arguments, check_parallel, check_variant
 from .background import BackgroundPublication
 from .canonical_step import load_canonical_at, load_canonical_for
-from .component_source import ComponentLocation, needs_hashing
+from .component_source import ComponentLocation, checkpoint_source, needs_hashing
 from .contracts import FinalLayoutParallelIdentity
 from .diffusers_family import DIFFUSERS_FAMILY
 from .dtype_policies import ModelFamilyName
 from .load_runtime import required_runtime, runtime_for_load
 from .loaded import LoadedComponent, LoadStopwatch
 from .model_family import ImportClock, ModelFamily
+from .named_source import check_index_key, named_component_source, wants_name
 from .parallel.loader import load_tensor_parallel_component
 from .producers._shards import ProgressCallback
 from .publish_step import build_artifact, publish_after_canonical_load, start_background_publication
@@ -39,6 +48,7 @@ from .representation import check_representation, quantize_model_fp8, tensor_pol
 from .resolve_step import resolve_component
 from .restore_step import restore_or_fall_back
 from .skeleton import ComponentSkeleton, IdentifiedComponent, identify_component, prepare_skeleton
+from .source_identity import PreparedWeightSource
 
 __all__ = ["load_component", "prewarm_component"]
 
@@ -201,9 +211,10 @@ def _load_through_runtime(
 ) -> LoadedComponent:
     """Skeleton and identity, then resolve; an identity that cannot be built falls back (PREFERRED) or raises."""
     identify_started = time.monotonic()
+    source = _checkpoint_or_named_source(call)
     try:
         skeleton = prepare_skeleton(
-            call.location, call.options, parallel, family=call.family, clock=call.stopwatch.clock
+            call.location, call.options, parallel, family=call.family, clock=call.stopwatch.clock, source=source
         )
         if background and skeleton.source.use_safetensors and _first_on_node(skeleton, call.runtime):
             return _canonical_then_hash_in_background(call, skeleton)
@@ -211,10 +222,23 @@ def _load_through_runtime(
             _refuse_fp8_for(skeleton)
             quantize_model_fp8(skeleton.model)
         identified = identify_component(skeleton, call.runtime, tensor_policy(True) if call.fp8 else None)
+        check_index_key(source, identified.context.identity.key)
     except HostWeightError as exc:
+        if source.recorded is not None:
+            raise  # a load by name has no checkpoint to fall back to
         report = _identity_fallback_report(exc, call, identify_started)
         return call.canonical_only(report, identity_failure=exc.failure)
     return _serve(call, identified, stream=stream, background=background)
+
+
+def _checkpoint_or_named_source(call: _ComponentCall) -> PreparedWeightSource:
+    """The checkpoint here; else, with a remote configured, the one its name index records (never both)."""
+    try:
+        return checkpoint_source(call.location, call.options)
+    except HostWeightError as exc:
+        if call.fp8 or not wants_name(call.location, call.runtime, exc):
+            raise
+        return named_component_source(call.location, call.options, call.runtime, exc)
 
 
 def _refuse_fp8_for(skeleton: ComponentSkeleton) -> None:
@@ -279,6 +303,8 @@ def _serve(call: _ComponentCall, identified: IdentifiedComponent, *, stream: boo
                 restored.model, ComponentLoadPath.ARTIFACT, resolution.report, identity_key=key, lease=resolution.lease
             )
         restore_failure = restored.failure
+    if identified.skeleton.source.recorded is not None:
+        raise _named_load_failed(identified, resolution.report, restore_failure)
     model = load_canonical_for(identified.skeleton, fp8=call.fp8)
     publication = None
     in_background: BackgroundPublication | None = None
@@ -297,6 +323,25 @@ def _serve(call: _ComponentCall, identified: IdentifiedComponent, *, stream: boo
         publication=publication,
         restore_failure=restore_failure,
         background_publication=in_background,
+    )
+
+
+def _named_load_failed(
+    identified: IdentifiedComponent, report: ResolutionReport, restore_failure: HostWeightFailure | None
+) -> HostWeightError:
+    """A load by name that got no artifact has no checkpoint to load instead: the resolve's failure, typed."""
+    problem = restore_failure if restore_failure is not None else report.failure
+    key = identified.context.identity.key
+    why = problem.message if problem is not None else f"no configured remote holds {key[:16]}..."
+    return HostWeightError(
+        failure(
+            problem.stage if problem is not None else ResolutionStage.REMOTE,
+            problem.code if problem is not None else FailureCode.NOT_FOUND,
+            f"the checkpoint is not on this node and its artifact {key[:16]}... could not be imported ({why}); "
+            "download the checkpoint here, or push the artifact from a node that built it",
+            retryable=problem.retryable if problem is not None else False,
+            identity_key=key,
+        )
     )
 
 

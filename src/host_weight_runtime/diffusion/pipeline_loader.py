@@ -30,8 +30,10 @@ from ._hub_snapshot import hub_snapshot
 from ._load_options import check_dtype
 from ._model_index import ClassKind, IndexedComponent, ModelIndex, read_model_index
 from ._source_files import select_weight_files
+from .component_source import ComponentLocation
 from .loaded import LoadedComponent
 from .loader import load_component, prewarm_component
+from .named_source import named_pipeline_root, wants_name
 from .reports import PrewarmResult
 
 __all__ = [
@@ -166,6 +168,22 @@ def pipeline_root(
     return hub_snapshot(text, revision, Path(cache_dir) if cache_dir is not None else None)
 
 
+def _pipeline_root_or_named(
+    model_or_path: str | os.PathLike[str],
+    revision: str | None,
+    cache_dir: str | os.PathLike[str] | None,
+    runtime: HostWeightRuntime,
+) -> tuple[Path, bool]:
+    """(root, named): the pipeline folder here; else, with a remote configured, its files from the name index."""
+    try:
+        return pipeline_root(model_or_path, revision=revision, cache_dir=cache_dir), False
+    except HostWeightError as exc:
+        location = ComponentLocation(model_or_path, None, revision)
+        if not wants_name(location, runtime, exc):
+            raise
+        return named_pipeline_root(location, runtime, exc), True
+
+
 def _unservable_reason(
     component: IndexedComponent, root: Path, variant: str | None, use_safetensors: bool | None
 ) -> str | None:
@@ -189,8 +207,12 @@ def _plan(
     variant: str | None,
     use_safetensors: bool | None,
     dtype_refusal: str | None,
+    named: bool = False,
 ) -> list[PipelineComponentRecord]:
-    """One record per component; SERVED ones are still to be loaded. A custom class is an error."""
+    """One record per component; SERVED ones are still to be loaded. A custom class is an error.
+
+    `named`: the root holds no weights (a load by name), so every model component is served by name.
+    """
     records: list[PipelineComponentRecord] = []
     for component in index.components:
         entry = (component.name, component.library, component.class_name)
@@ -212,7 +234,8 @@ def _plan(
             not_torch = f"{component.class_name} is not a torch module; diffusers loads it as always"
             records.append(PipelineComponentRecord(*entry, ComponentHandling.CANONICAL, not_torch))
         else:
-            why = _unservable_reason(component, root, variant, use_safetensors) or dtype_refusal
+            unservable = None if named else _unservable_reason(component, root, variant, use_safetensors)
+            why = unservable or dtype_refusal
             handling = ComponentHandling.SERVED if why is None else ComponentHandling.CANONICAL
             records.append(PipelineComponentRecord(*entry, handling, why))
     return records
@@ -296,7 +319,7 @@ def load_pipeline(
     started = time.monotonic()
     torch_dtype = dtype if dtype is not None else torch_dtype
     runtime = runtime if runtime is not None else HostWeightRuntime.from_env()
-    root = pipeline_root(model_or_path, revision=revision, cache_dir=cache_dir)
+    root, named = _pipeline_root_or_named(model_or_path, revision, cache_dir, runtime)
     index = read_model_index(root)
     caller, component_arguments = _split_arguments(index, kwargs)
     records = _plan(
@@ -306,6 +329,7 @@ def load_pipeline(
         variant=variant,
         use_safetensors=use_safetensors,
         dtype_refusal=_dtype_refusal(torch_dtype),
+        named=named,
     )
     _check_required(records, runtime.config.mode, root)
     served: dict[str, LoadedComponent] = {}

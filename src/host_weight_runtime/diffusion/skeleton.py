@@ -147,14 +147,16 @@ def prepare_skeleton(
     *,
     family: ModelFamily | None = None,
     clock: ImportClock | None = None,
+    source: PreparedWeightSource | None = None,
 ) -> ComponentSkeleton:
     """The source files, model class, `meta` skeleton and request: everything but the hashing.
 
-    `family=None` takes the family the folder's config.json names. A transformers component whose
+    `source=None` reads the checkpoint where `location` says (a load by name passes the one the remote's
+    index records). `family=None` takes the family the folder's config.json names. A transformers component whose
     checkpoint an artifact cannot reproduce (pickle only, a tensor it lacks, both names of a tie)
     raises UNSUPPORTED here, so the load falls back (PREFERRED) or fails typed (REQUIRED).
     """
-    source = checkpoint_source(location, options)
+    source = checkpoint_source(location, options) if source is None else source
     family, model_class = component_model_class(source, family, clock)
     with usage_errors():
         model = family.build_skeleton(model_class, source.resolved_root, location.name_or_path, options.dtype)

@@ -47,13 +47,23 @@ from ._source_snapshot import (
     is_content_id_known,
     snapshot_sources,
 )
-from ._weight_source import MAX_LISTED, PreparedWeightSource, WeightSourceKind, relative_parts, resolved_revision
+from ._weight_source import (
+    MAX_LISTED,
+    PreparedWeightSource,
+    RecordedCheckpoint,
+    RecordedWeightFile,
+    WeightSourceKind,
+    relative_parts,
+    resolved_revision,
+)
 
 __all__ = [
     "FileState",
     "FinalLayoutSourceContext",
     "NodeSourceDigestCache",
     "PreparedWeightSource",
+    "RecordedCheckpoint",
+    "RecordedWeightFile",
     "SourceFileRecord",
     "WeightSourceKind",
     "bind_tensors_to_sources",

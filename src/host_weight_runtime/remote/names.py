@@ -31,13 +31,18 @@ from ..failures import usage_error
 __all__ = [
     "NAME_INDEX_FOLDER",
     "ArtifactName",
+    "CheckpointFileRecord",
     "NameIndexEntry",
     "is_pinned_revision",
     "name_of_manifest_metadata",
 ]
 
 NAME_INDEX_FOLDER = "names"
-_ENTRY_SCHEMA = "hwr-name-index-v1"
+_FIRST_ENTRY_SCHEMA = "hwr-name-index-v1"
+_ENTRY_SCHEMA = "hwr-name-index-v2"
+_MAX_CHECKPOINT_FILES = 4096
+_RELATIVE_FILE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9._/-]{0,255}")
+_CONTENT_ID = re.compile(r"sha256:[0-9a-f]{64}|hub-blob:[0-9a-f]{40}")
 _PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _SUBFOLDER_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,95}")
 _PINNED = re.compile(r"[0-9a-f]{40}")
@@ -108,14 +113,51 @@ class ArtifactName:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointFileRecord:
+    """One weight file the artifact was built from, as the key saw it: name in the component folder, size,
+    content id, and the tensor names its safetensors header lists (what a skeleton binds without the file)."""
+
+    name: str
+    size: int
+    content_id: str
+    tensor_names: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {
+            "name": self.name,
+            "size": self.size,
+            "content_id": self.content_id,
+            "tensor_names": list[JsonValue](self.tensor_names),
+        }
+
+    @classmethod
+    def from_value(cls, value: JsonValue) -> CheckpointFileRecord:
+        if not isinstance(value, dict) or set(value) != {"name", "size", "content_id", "tensor_names"}:
+            raise ValueError("a malformed checkpoint file record")
+        name, size, content_id, names = value["name"], value["size"], value["content_id"], value["tensor_names"]
+        if type(name) is not str or not _RELATIVE_FILE.fullmatch(name) or ".." in name.split("/"):
+            raise ValueError("a checkpoint file name is not a relative file name")
+        if type(size) is not int or size < 0 or type(content_id) is not str or not _CONTENT_ID.fullmatch(content_id):
+            raise ValueError("a checkpoint file's size or content id is mistyped")
+        if not isinstance(names, list) or not all(type(item) is str and item for item in names):
+            raise ValueError("a checkpoint file's tensor names are not a list of names")
+        return cls(name, size, content_id, tuple(str(item) for item in names))
+
+
+@dataclass(frozen=True, slots=True)
 class NameIndexEntry:
-    """One index object: the name, the key it maps to, and what the key's artifact is (for people)."""
+    """One index object: the name, the key it maps to, what the key's artifact is, and what a load needs.
+
+    `checkpoint` lists the weight files the key was computed from (empty when the pushing node did
+    not hold them: such an entry serves `hwr pull`, not a load by name).
+    """
 
     name: ArtifactName
     key: str
     representation: str
     content_sha256: str
     uploaded_at_ns: int
+    checkpoint: tuple[CheckpointFileRecord, ...] = ()
 
     def to_bytes(self) -> bytes:
         return CanonicalJson.from_value(
@@ -126,25 +168,42 @@ class NameIndexEntry:
                 "representation": self.representation,
                 "content_sha256": self.content_sha256,
                 "uploaded_at_ns": self.uploaded_at_ns,
+                "checkpoint": [record.to_dict() for record in self.checkpoint],
             }
         ).data
 
+    def same_target(self, other: NameIndexEntry) -> bool:
+        """Whether two entries say the same thing (the upload time aside)."""
+        return (self.name, self.key, self.representation, self.content_sha256, self.checkpoint) == (
+            other.name,
+            other.key,
+            other.representation,
+            other.content_sha256,
+            other.checkpoint,
+        )
+
     @classmethod
     def from_bytes(cls, data: bytes) -> NameIndexEntry:
-        """Parse an index object; raise ValueError for anything but this exact schema."""
+        """Parse an index object (this schema, or the first one without `checkpoint`); ValueError otherwise."""
         value = CanonicalJson(bytes(data)).to_value()
-        if not isinstance(value, dict) or value.get("schema") != _ENTRY_SCHEMA:
+        if not isinstance(value, dict) or value.get("schema") not in (_ENTRY_SCHEMA, _FIRST_ENTRY_SCHEMA):
             raise ValueError(f"not a {_ENTRY_SCHEMA} object")
-        if set(value) != {"schema", "name", "key", "representation", "content_sha256", "uploaded_at_ns"}:
+        fields = {"schema", "name", "key", "representation", "content_sha256", "uploaded_at_ns"}
+        if value["schema"] == _ENTRY_SCHEMA:
+            fields.add("checkpoint")
+        if set(value) != fields:
             raise ValueError("unexpected or missing fields")
         name, key, representation = value["name"], value["key"], value["representation"]
         content, uploaded = value["content_sha256"], value["uploaded_at_ns"]
+        listed = value.get("checkpoint", [])
         if not isinstance(name, dict) or set(name) != {"repo_id", "revision", "component", "variant", "dtype"}:
             raise ValueError("a malformed name")
         if type(key) is not str or not re.fullmatch(r"[0-9a-f]{64}", key):
             raise ValueError("the key is not 64 lowercase hex digits")
         if type(representation) is not str or type(content) is not str or type(uploaded) is not int:
             raise ValueError("mistyped fields")
+        if not isinstance(listed, list) or len(listed) > _MAX_CHECKPOINT_FILES:
+            raise ValueError("the checkpoint is not a list of files")
         parsed = ArtifactName(
             repo_id=str(name["repo_id"]),
             revision=str(name["revision"]),
@@ -152,7 +211,8 @@ class NameIndexEntry:
             variant=None if name["variant"] is None else str(name["variant"]),
             dtype=str(name["dtype"]),
         )
-        return cls(parsed, key, representation, content, uploaded)
+        checkpoint = tuple(CheckpointFileRecord.from_value(item) for item in listed)
+        return cls(parsed, key, representation, content, uploaded, checkpoint)
 
 
 # diffusers' weight file names: `<base>[.<variant>][-00001-of-00002].safetensors` (or .bin).

@@ -24,28 +24,45 @@ from ._location import DEFAULT_TIMEOUT_S, RemoteLocation, remote_failed
 from .importer import import_remote_artifact
 from .names import ArtifactName, NameIndexEntry, name_of_manifest_metadata
 from .provider import FsspecArtifactProvider
+from .snapshot_files import checkpoint_records, local_snapshot_of, publish_snapshot_files
 
 __all__ = ["PulledArtifact", "index_artifact_name", "pull_by_name", "read_name_entry"]
 
 
 def index_artifact_name(location: RemoteLocation, manifest: WeightManifest) -> ArtifactName | None:
-    """Point the manifest's name (if it was built from a pinned hub snapshot) at its key; None when it has none."""
+    """Point the manifest's name (if it was built from a pinned hub snapshot) at its key; None when it has none.
+
+    When this node still holds the snapshot, the entry also lists the checkpoint files (sizes, content ids,
+    tensor names) and the snapshot's non-weight files go up with it, so another node can load by name.
+    """
     dtype = manifest.identity.representation.dtype
-    name = name_of_manifest_metadata(
-        manifest.format_metadata.to_value(), dtype, manifest.identity.source.metadata.to_value()
-    )
+    format_metadata = manifest.format_metadata.to_value()
+    source_metadata = manifest.identity.source.metadata.to_value()
+    name = name_of_manifest_metadata(format_metadata, dtype, source_metadata)
     if name is None:
         return None
+    built_from = format_metadata.get("built_from") if isinstance(format_metadata, dict) else None
+    snapshot = local_snapshot_of(name, built_from)
+    checkpoint = checkpoint_records(snapshot, name, source_metadata) if snapshot is not None else ()
+    if checkpoint and snapshot is not None:
+        publish_snapshot_files(location, name.repo_id, name.revision, snapshot)
     entry = NameIndexEntry(
         name=name,
         key=manifest.identity_key,
         representation=manifest.identity.representation.name,
         content_sha256=manifest.content_digest,
         uploaded_at_ns=time.time_ns(),
+        checkpoint=checkpoint,
     )
     current = read_name_entry(location, name)
-    if current is not None and (current.key, current.content_sha256) == (entry.key, entry.content_sha256):
-        return name  # already points here: leave the object (and its timestamp) alone
+    if current is not None and current.same_target(entry):
+        return name  # already says this: leave the object (and its timestamp) alone
+    if (
+        current is not None
+        and not checkpoint
+        and (current.key, current.content_sha256) == (entry.key, entry.content_sha256)
+    ):
+        return name  # a node without the snapshot does not erase what one with it recorded
     location.write(name.object_path(), entry.to_bytes())
     return name
 
