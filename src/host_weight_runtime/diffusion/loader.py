@@ -115,7 +115,9 @@ def load_component(
 
     `HWR_REMOTE` (or the runtime's remote providers) makes a local miss import the exact
     artifact from a remote (outcome REMOTE_IMPORT) before any local build or canonical load;
-    `HWR_REMOTE_PUBLISH=true` pushes what this node publishes, off the request path.
+    `HWR_REMOTE_PUBLISH=true` pushes what this node publishes, off the request path. A repo id
+    the local cache lacks is then looked up by name in the remote's index (`revision` must be a
+    commit hash; see `named_source.py`): the key is recomputed here and must equal the index's.
 
     With `parallel.tensor_parallel_size > 1` (torch.distributed initialized) this rank loads its
     own artifact and returns a parallelized model; `process_group=` makes the group's ranks

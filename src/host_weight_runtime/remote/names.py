@@ -7,7 +7,10 @@ per name a published artifact was built from::
     <url>/names/<org>/<repo>/<revision>/<component>/<variant>/<dtype>.json
          component: the checkpoint subfolder ("-" for the repo root); variant: "-" for none
 
-holding the key and the identity's representation (`NameIndexEntry`). Names come from the
+holding the key, the identity's representation and, when the pushing node still held the
+snapshot, the checkpoint files the key was computed from (`NameIndexEntry.checkpoint`: name,
+size, content id, tensor names), which a load by name needs to recompute the key and bind the
+skeleton (the snapshot's configs travel beside it: `snapshot_files`). Names come from the
 artifact's manifest (`format_metadata.built_from`: the repo id and the commit a Hugging Face
 cache snapshot resolved to); an artifact built from a local folder has no name and is not
 indexed.
