@@ -21,6 +21,9 @@
       verified/<key>.json         "this publication was fully hashed on this node" (background verification)
       source-digests-v1/          node cache of checkpoint-file hashes (diffusion adapters);
         entries/, locks/          disposable: a missing or corrupt entry is simply recomputed
+      named-snapshots-v1/         a load by name: the non-weight files (configs, tokenizers) of snapshots
+                                  this node holds no checkpoint of, fetched from a remote and checked by
+                                  SHA-256 (diffusion adapters); disposable, fetched again when missing
 
 Lock files live outside the artifact directories and are never unlinked.
 """
