@@ -75,7 +75,7 @@ def test_malformed_checkpoint_records_are_refused(record: dict[str, object]) -> 
 def test_snapshot_files_travel_checked(tmp_path: Path) -> None:
     """E14: push uploads a snapshot's non-weight files by content and lists them; weights never travel; a
     listed file whose bytes were replaced is a non-retryable REMOTE_FAILED; a list naming a path outside the
-    snapshot is refused as invalid."""
+    snapshot, or a weight file, is refused as invalid."""
     snapshot = tmp_path / "snapshots" / REVISION
     (snapshot / "transformer").mkdir(parents=True)
     (snapshot / "model_index.json").write_text('{"_class_name": "FluxPipeline"}')
@@ -94,10 +94,9 @@ def test_snapshot_files_travel_checked(tmp_path: Path) -> None:
     with pytest.raises(HostWeightError) as replaced:
         read_snapshot_file(location, config)
     assert replaced.value.failure.code is FailureCode.REMOTE_FAILED and not replaced.value.failure.retryable
-    hostile = SnapshotFiles(
-        "org/model", REVISION, (SnapshotFile("../../etc/passwd", hashlib.sha256(b"").hexdigest(), 0),)
-    )
-    (remote / SnapshotFiles.object_path_for("org/model", REVISION)).write_bytes(hostile.to_bytes())
-    with pytest.raises(HostWeightError) as invalid:
-        read_snapshot_files(location, "org/model", REVISION)
-    assert invalid.value.failure.code is FailureCode.REMOTE_FAILED
+    for path in ("../../etc/passwd", "vae/diffusion_pytorch_model.safetensors"):
+        hostile = SnapshotFiles("org/model", REVISION, (SnapshotFile(path, hashlib.sha256(b"").hexdigest(), 0),))
+        (remote / SnapshotFiles.object_path_for("org/model", REVISION)).write_bytes(hostile.to_bytes())
+        with pytest.raises(HostWeightError) as invalid:
+            read_snapshot_files(location, "org/model", REVISION)
+        assert invalid.value.failure.code is FailureCode.REMOTE_FAILED

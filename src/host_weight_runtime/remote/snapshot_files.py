@@ -103,6 +103,8 @@ class SnapshotFiles:
             path, sha256, size = item["path"], item["sha256"], item["size"]
             if type(path) is not str or not _RELATIVE.fullmatch(path) or ".." in path.split("/"):
                 raise ValueError(f"{str(path)[:80]!r} is not a safe relative path")
+            if path.endswith(_WEIGHT_SUFFIXES):  # weights come only as a verified artifact, never this way
+                raise ValueError(f"{path[:80]!r} is a weight file")
             if type(sha256) is not str or not _HEX64.fullmatch(sha256):
                 raise ValueError("a file's sha256 is not 64 lowercase hex digits")
             if type(size) is not int or not 0 <= size <= MAX_FILE_BYTES:
