@@ -20,8 +20,10 @@ from safetensors.torch import load_file, save_file
 from host_weight_runtime.config import RuntimeMode
 from host_weight_runtime.diffusion import (
     ComponentLoadPath,
+    FinalLayoutFP8CheckpointProducer,
     FinalLayoutFP8Producer,
     FP8Linear,
+    FP8StreamCast,
     HostWeightUsageError,
     load_component,
     prewarm_component,
@@ -32,8 +34,7 @@ from host_weight_runtime.diffusion.contracts import FinalLayoutParallelIdentity
 from host_weight_runtime.diffusion.identity_adapter import FinalLayoutIdentityContext
 from host_weight_runtime.diffusion.parallel.plan import localize_module
 from host_weight_runtime.diffusion.producers._checkpoint import mapped_rows, read_safetensors_header, row_chunks
-from host_weight_runtime.diffusion.producers.fp8_checkpoint import FinalLayoutFP8CheckpointProducer
-from host_weight_runtime.diffusion.producers.fp8_stream import FP8StreamCast, FP8TensorRole
+from host_weight_runtime.diffusion.producers.fp8_stream import FP8TensorRole
 from host_weight_runtime.diffusion.representation import fp8_skeleton, quantize_model_fp8
 from host_weight_runtime.diffusion.skeleton import identify_component, prepare_skeleton
 from host_weight_runtime.failures import FailureCode, HostWeightError
