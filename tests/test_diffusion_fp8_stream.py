@@ -42,7 +42,7 @@ from host_weight_runtime.lease import HostWeightLease
 from host_weight_runtime.manifest import WeightManifest
 from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
+from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward, save_flux_pipeline_folder
 
 from ._diffusion import DIT, Folder, runtime_at, save_folder
 from ._encoders import save_encoder
@@ -183,9 +183,9 @@ def test_tp2_rank_artifacts_stream_with_the_full_tensor_scale(tmp_path: Path, fl
                 assert_same_artifact(streamed, post, same_files=True)
                 for name in quantized:
                     entry = header[name.removeprefix(f"{DIT}.")]
-                    full = torch.cat(
+                    full = torch.cat(  # a cast lives in a reused buffer until the next one: keep copies
                         [
-                            cast.cast(name, mapped_rows(fd, entry, start, stop), fd, entry, torch.float8_e4m3fn)
+                            cast.cast(name, mapped_rows(fd, entry, start, stop), fd, entry, torch.float8_e4m3fn).clone()
                             for start, stop in row_chunks(entry, TINY_CHUNK)
                         ]
                     )
@@ -332,3 +332,54 @@ def test_hwr_prewarm_builds_fp8_and_refuses_it_for_a_whole_pipeline(
     assert cli.main(pipeline_args) == 2
     assert "--subfolder" in capsys.readouterr().err
     assert _artifacts(tmp_path / "other") == []
+
+
+MIB = 2**20
+BOUND_BEYOND_LARGEST = 256 * MIB
+CHECKPOINT_BYTES = 400 * MIB
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"/proc/self/status has no {field}")
+
+
+def _fp8_stream_child(pipeline: str, root: str, conn: Connection) -> None:
+    """Identify (hashing the checkpoint) first, reset the peak-RSS counter, then stream the FP8 artifact."""
+    runtime = runtime_at(Path(root), RuntimeMode.REQUIRED)
+    context = fp8_context(Folder("flux", Path(pipeline)), runtime)
+    producer = FinalLayoutFP8CheckpointProducer(context)
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    before = _status_kib("VmRSS") * 1024
+    resolution = runtime.resolve(context.identity, producer)
+    peak = _status_kib("VmHWM") * 1024
+    if resolution.lease is not None:
+        resolution.lease.close()
+    conn.send((resolution.outcome.value, before, peak))
+
+
+@pytest.mark.slow
+def test_fp8_streaming_rss_stays_within_the_largest_tensor_plus_256_mib(tmp_path: Path) -> None:
+    """T03: streaming a 400 MiB FP32 checkpoint into its FP8 artifact (an amax pass and a cast pass per weight)
+    raises the producing process's peak RSS by at most the largest tensor plus 256 MiB: the producer and the
+    store's writer never hold the checkpoint or the artifact (the identity's hashing is done before)."""
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.fail("this test needs /proc/self/clear_refs (Linux) to measure peak RSS")
+    pipeline = save_flux_pipeline_folder(tmp_path / "pipeline", target_bytes=CHECKPOINT_BYTES)
+    weights = pipeline / DIT
+    checkpoint_bytes = sum(path.stat().st_size for path in weights.glob("*.safetensors"))
+    largest = max(
+        entry.end - entry.begin
+        for path in weights.glob("*.safetensors")
+        for entry in read_safetensors_header(path).values()
+    )
+    assert checkpoint_bytes > largest + BOUND_BEYOND_LARGEST, "the checkpoint must exceed the budget"
+    with spawned_child(_fp8_stream_child, str(pipeline), str(tmp_path / "domain")) as conn:
+        outcome, before, peak = recv_within(conn)  # type: ignore[misc]
+    assert outcome == ResolutionOutcome.LOCAL_PRODUCTION.value
+    growth = peak - before
+    assert growth <= largest + BOUND_BEYOND_LARGEST, (
+        f"peak RSS grew by {growth / MIB:.0f} MiB; the bound is {(largest + BOUND_BEYOND_LARGEST) / MIB:.0f} MiB"
+    )

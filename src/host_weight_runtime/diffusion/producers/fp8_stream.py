@@ -17,9 +17,9 @@ import torch
 
 from ..fp8 import FP8_DTYPE, fp8_scale
 from ..tensor_layout import FinalLayoutTensor
-from ._checkpoint import CheckpointTensor, mapped_rows, row_chunks
+from ._checkpoint import CheckpointTensor, ScratchBuffer, mapped_rows, row_chunks
 
-__all__ = ["FP8StreamCast", "FP8TensorRole", "full_tensor_scale", "quantize_rows", "scale_weight_name"]
+__all__ = ["FP8Scratch", "FP8StreamCast", "FP8TensorRole", "full_tensor_scale", "quantize_rows", "scale_weight_name"]
 
 CANONICAL_DTYPE = torch.bfloat16
 """The dtype the representation quantizes from: the weight as the canonical BF16 load holds it."""
@@ -42,25 +42,54 @@ def scale_weight_name(scale_name: str) -> str:
     return scale_name.removesuffix(_SCALE_SUFFIX)
 
 
-def full_tensor_scale(fd: int, entry: CheckpointTensor, chunk_bytes: int) -> torch.Tensor:
+class FP8Scratch:
+    """The three reused buffers of a chunk's cast (BF16, FP32, e4m3): no chunk-sized allocation per chunk.
+
+    Freed-and-reallocated temporaries of a few MiB stay on the C heap, so a stream of them grows
+    the process by tens of MiB; reusing one buffer per stage keeps it at one chunk each.
+    """
+
+    __slots__ = ("bf16", "fp8", "fp32")
+
+    def __init__(self) -> None:
+        self.bf16 = ScratchBuffer()
+        self.fp32 = ScratchBuffer()
+        self.fp8 = ScratchBuffer()
+
+
+def full_tensor_scale(
+    fd: int, entry: CheckpointTensor, chunk_bytes: int, scratch: FP8Scratch | None = None
+) -> torch.Tensor:
     """The FP32 scale of a whole checkpoint weight, from one bounded pass (one chunk mapped at a time).
 
     Every row is read whatever part of the weight a caller writes, so a TP rank's shard gets the
-    scale of the full tensor. Equals `fp8_scale` of the canonical BF16 weight bit for bit.
+    scale of the full tensor. Equals `fp8_scale` of the canonical BF16 weight bit for bit: the
+    BF16 chunk's max(max, -min) is its amax(|x|), NaN included.
     """
     if not entry.shape or any(size == 0 for size in entry.shape):
         raise ValueError(f"{entry.key!r} has shape {list(entry.shape)}: an FP8 weight needs a non-empty matrix")
+    buffers = scratch if scratch is not None else FP8Scratch()
     amaxes: list[torch.Tensor] = []
     for start, stop in row_chunks(entry, chunk_bytes):
         rows = mapped_rows(fd, entry, start, stop)
-        amaxes.append(rows.to(CANONICAL_DTYPE).abs().amax())
+        low, high = torch.aminmax(buffers.bf16.cast(rows, CANONICAL_DTYPE))
+        amaxes.append(torch.maximum(high, low.neg()))
         del rows  # unmaps the chunk
     return fp8_scale(torch.stack(amaxes))
 
 
-def quantize_rows(rows: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Any part of a checkpoint weight (its own dtype) as the FP8 bytes of that part of the post-load weight."""
-    return (rows.to(CANONICAL_DTYPE).to(torch.float32) / scale).to(FP8_DTYPE)
+def quantize_rows(rows: torch.Tensor, scale: torch.Tensor, scratch: FP8Scratch | None = None) -> torch.Tensor:
+    """Any part of a checkpoint weight (its own dtype) as the FP8 bytes of that part of the post-load weight.
+
+    The same operations as `quantize_to_fp8` (BF16, then FP32 divided by the scale, then e4m3).
+    With `scratch` the result lives in its buffer: write it before the next call with the same scratch.
+    """
+    if scratch is None:
+        return (rows.to(CANONICAL_DTYPE).to(torch.float32) / scale).to(FP8_DTYPE)
+    canonical = scratch.bf16.cast(rows, CANONICAL_DTYPE)  # `rows` itself when the checkpoint is BF16
+    work = scratch.fp32.cast(canonical, torch.float32)  # always the scratch's own buffer: `canonical` is BF16
+    work.div_(scale)
+    return scratch.fp8.cast(work, FP8_DTYPE)
 
 
 class FP8StreamCast:
@@ -78,6 +107,8 @@ class FP8StreamCast:
         self._chunk_bytes = chunk_bytes
         self._roles = {name: _role(tensor, owned) for name, tensor in owned.items()}
         self._scales: dict[str, torch.Tensor] = {}
+        self._scratch = FP8Scratch()
+        self._plain = ScratchBuffer()
 
     def role(self, name: str) -> FP8TensorRole:
         return self._roles[name]
@@ -93,7 +124,7 @@ class FP8StreamCast:
         """The full-tensor scale of a quantized weight (`entry` is its full checkpoint tensor)."""
         found = self._scales.get(weight_name)
         if found is None:
-            found = full_tensor_scale(fd, entry, self._chunk_bytes)
+            found = full_tensor_scale(fd, entry, self._chunk_bytes, self._scratch)
             self._scales[weight_name] = found
         return found
 
@@ -107,14 +138,15 @@ class FP8StreamCast:
         """Rows (or a rank's part of them) of `name`'s checkpoint tensor in the artifact's bytes.
 
         A QUANTIZED weight is quantized with its full tensor's scale (computed on first use from
-        `entry`, the whole checkpoint weight); a PLAIN tensor is cast to `final_dtype`.
+        `entry`, the whole checkpoint weight); a PLAIN tensor is cast to `final_dtype`. The result
+        lives in a reused buffer: write it (every rank's part) before the next `cast`.
         """
         role = self._roles[name]
         if role is FP8TensorRole.QUANTIZED:
-            return quantize_rows(rows, self.scale(name, fd, entry))
+            return quantize_rows(rows, self.scale(name, fd, entry), self._scratch)
         if role is FP8TensorRole.SCALE:
             raise ValueError(f"{name} is a scale: write scale_value(), it has no checkpoint rows")
-        return rows.to(final_dtype)
+        return self._plain.cast(rows, final_dtype)
 
 
 def _role(tensor: FinalLayoutTensor, owned: dict[str, FinalLayoutTensor]) -> FP8TensorRole:
