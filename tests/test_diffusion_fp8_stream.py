@@ -31,10 +31,16 @@ from host_weight_runtime.diffusion import (
 from host_weight_runtime.diffusion._load_options import LoadOptions
 from host_weight_runtime.diffusion.component_source import ComponentLocation
 from host_weight_runtime.diffusion.contracts import FinalLayoutParallelIdentity
+from host_weight_runtime.diffusion.fp8 import quantize_to_fp8
 from host_weight_runtime.diffusion.identity_adapter import FinalLayoutIdentityContext
 from host_weight_runtime.diffusion.parallel.plan import localize_module
 from host_weight_runtime.diffusion.producers._checkpoint import mapped_rows, read_safetensors_header, row_chunks
-from host_weight_runtime.diffusion.producers.fp8_stream import FP8TensorRole
+from host_weight_runtime.diffusion.producers.fp8_stream import (
+    FP8Scratch,
+    FP8TensorRole,
+    full_tensor_scale,
+    quantize_rows,
+)
 from host_weight_runtime.diffusion.representation import fp8_skeleton, quantize_model_fp8
 from host_weight_runtime.diffusion.skeleton import identify_component, prepare_skeleton
 from host_weight_runtime.failures import FailureCode, HostWeightError
@@ -383,3 +389,47 @@ def test_fp8_streaming_rss_stays_within_the_largest_tensor_plus_256_mib(tmp_path
     assert growth <= largest + BOUND_BEYOND_LARGEST, (
         f"peak RSS grew by {growth / MIB:.0f} MiB; the bound is {(largest + BOUND_BEYOND_LARGEST) / MIB:.0f} MiB"
     )
+
+
+def test_full_tensor_scale_and_quantize_match_the_post_load_rule_on_edge_values(tmp_path: Path) -> None:
+    """T03: on weights stored as FP32, FP16, BF16 and FP64 holding values just around BF16 rounding ties, an
+    all-negative, an all-zero and a NaN-holding matrix, the streamed scale (chunk by chunk, amax rounded)
+    and the streamed quantization equal `quantize_to_fp8`'s on the canonical BF16 weight, bit for bit."""
+    generator = torch.Generator().manual_seed(3)
+    tie = torch.tensor(1.0 + 2.0**-8, dtype=torch.float32)  # exactly halfway between two BF16 values
+    base = torch.randn(64, 16, generator=generator, dtype=torch.float64)
+    base[37, 5] = tie * 300.0  # the amax sits in a late chunk, on a rounding tie
+    weights = {
+        "fp32": base.to(torch.float32),
+        "fp16": base.to(torch.float16),
+        "bf16": base.to(torch.bfloat16),
+        "fp64": base,
+        "negative": -base.abs().to(torch.float32) - 1.0,
+        "zero": torch.zeros(8, 16),
+        "nan": torch.where(base > 2.0, torch.nan, base).to(torch.float32),
+    }
+    path = tmp_path / "edge.safetensors"
+    save_file({name: tensor.contiguous() for name, tensor in weights.items()}, path)
+    header = read_safetensors_header(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for name, tensor in weights.items():
+            canonical = torch.nn.Linear(tensor.shape[1], tensor.shape[0], bias=False)
+            canonical.weight = torch.nn.Parameter(tensor.to(torch.bfloat16), requires_grad=False)
+            holder = torch.nn.Sequential(canonical)
+            quantize_to_fp8(holder, ["0"])
+            expected = holder.get_submodule("0")
+            assert isinstance(expected, FP8Linear)
+            entry = header[name]
+            scale = full_tensor_scale(fd, entry, TINY_CHUNK)
+            assert torch.equal(bits(scale), bits(expected.weight_scale)), name
+            streamed = torch.cat(
+                [
+                    quantize_rows(mapped_rows(fd, entry, start, stop), scale, scratch).clone()
+                    for scratch in [FP8Scratch()]
+                    for start, stop in row_chunks(entry, TINY_CHUNK)
+                ]
+            )
+            assert torch.equal(bits(streamed), bits(expected.weight)), name
+    finally:
+        os.close(fd)

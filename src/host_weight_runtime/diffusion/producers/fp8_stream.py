@@ -24,6 +24,8 @@ __all__ = ["FP8Scratch", "FP8StreamCast", "FP8TensorRole", "full_tensor_scale", 
 CANONICAL_DTYPE = torch.bfloat16
 """The dtype the representation quantizes from: the weight as the canonical BF16 load holds it."""
 _SCALE_SUFFIX = "_scale"
+_AMINMAX_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.bfloat16})
+"""Checkpoint dtypes whose amax is taken as stored (then rounded); others (float8) are cast to BF16 first."""
 
 
 class FP8TensorRole(enum.Enum):
@@ -63,8 +65,9 @@ def full_tensor_scale(
     """The FP32 scale of a whole checkpoint weight, from one bounded pass (one chunk mapped at a time).
 
     Every row is read whatever part of the weight a caller writes, so a TP rank's shard gets the
-    scale of the full tensor. Equals `fp8_scale` of the canonical BF16 weight bit for bit: the
-    BF16 chunk's max(max, -min) is its amax(|x|), NaN included.
+    scale of the full tensor. Equals `fp8_scale` of the canonical BF16 weight bit for bit: a
+    chunk's max(max, -min) is its amax(|x|) (NaN included), and rounding to BF16 is monotonic and
+    symmetric, so rounding the checkpoint's amax gives the BF16 tensor's amax without casting it.
     """
     if not entry.shape or any(size == 0 for size in entry.shape):
         raise ValueError(f"{entry.key!r} has shape {list(entry.shape)}: an FP8 weight needs a non-empty matrix")
@@ -72,8 +75,9 @@ def full_tensor_scale(
     amaxes: list[torch.Tensor] = []
     for start, stop in row_chunks(entry, chunk_bytes):
         rows = mapped_rows(fd, entry, start, stop)
-        low, high = torch.aminmax(buffers.bf16.cast(rows, CANONICAL_DTYPE))
-        amaxes.append(torch.maximum(high, low.neg()))
+        values = rows if rows.dtype in _AMINMAX_DTYPES else buffers.bf16.cast(rows, CANONICAL_DTYPE)
+        low, high = torch.aminmax(values)
+        amaxes.append(torch.maximum(high, low.neg()).to(CANONICAL_DTYPE))
         del rows  # unmaps the chunk
     return fp8_scale(torch.stack(amaxes))
 
@@ -98,6 +102,11 @@ class FP8StreamCast:
     Built from the artifact's owned tensors; the roles do not depend on the TP rank, so one
     instance serves every rank of a bundle. A weight's scale is computed once (one extra pass
     over that weight) and kept, a 0-dim tensor per quantized Linear.
+
+    A bundle reads, for each owned tensor, the checkpoint entry of `checkpoint_name(name)`; a
+    SCALE tensor is `scale_value(name, fd, entry)` on every part that holds it; any other tensor
+    is read in full-row chunks, each passed through `cast(name, rows, fd, entry, tensor.dtype)`
+    and then cut into the ranks' rows or columns (quantizing commutes with cutting).
     """
 
     def __init__(self, tensors: Iterable[FinalLayoutTensor], *, chunk_bytes: int) -> None:
