@@ -25,24 +25,26 @@ settings.load_profile("hwr")
 # The files that take longest (whole benchmarks, demos, groups of fresh processes), longest first. With
 # `make test` (two workers, one file at a time, --no-loadscope-reorder) they start first and the short
 # files fill in around them, so neither worker ends the run alone on a long file; other files keep
-# their order. Each figure is one file's total on two busy cores; keep the list roughly sorted when
-# adding a long file.
+# their order. Without this, xdist starts the files with the most tests first, which puts the long
+# files of one to seven tests near the end. Figures: each file's seconds in a one-process run on 2
+# quiet cores (about 25 minutes in all); keep the list roughly sorted when adding a long file.
 LONGEST_FILES_FIRST = (
-    "test_bench.py",  # ~300 s: one whole tiny benchmark in its module fixture
-    "test_diffusion_tp_group.py",  # ~130 s
+    "test_bench.py",  # ~295 s: one whole tiny benchmark in its module fixture
+    "test_diffusion_tp_group.py",  # ~125 s
+    "test_transformers_components.py",  # ~75 s
     "test_diffusion_demo.py",  # ~70 s
-    "test_transformers_components.py",  # ~70 s
-    "test_pipeline_loader.py",  # ~65 s
-    "test_serve_example.py",  # ~55 s
-    "test_diffusion_tp.py",  # ~45 s
-    "test_readme_diffusers.py",  # ~40 s
+    "test_pipeline_loader.py",  # ~55 s
+    "test_serve_example.py",  # ~45 s
     "test_bench_pipeline.py",  # ~40 s
+    "test_readme_diffusers.py",  # ~40 s
     "test_diffusion_tp_pss.py",  # ~35 s
     "test_cli_remote_targets.py",  # ~30 s
-    "test_remote_load_component.py",  # ~25 s
+    "test_cli_remote.py",  # ~25 s
     "test_adoption_arguments.py",  # ~25 s
     "test_adoption_background.py",  # ~25 s
+    "test_remote_load_component.py",  # ~20 s
     "test_store_stateful.py",  # ~20 s
+    "test_diffusion_tp.py",  # ~20 s
 )
 
 
