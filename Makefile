@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Two workers, one test file at a time each: many tests wait on child processes, so 2 cores stay busy.
+# --no-loadscope-reorder keeps tests/conftest.py's order, which starts the longest files first.
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples

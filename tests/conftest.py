@@ -4,15 +4,55 @@ The background full verification (HWR_BACKGROUND_VERIFY, default `once`) is an a
 that may deny a corrupted artifact at any moment after its first lease; the tests that pin down what
 each validation level does on its own (S07-S10) would race with it. So the suite runs with it off
 (spawned children inherit this), and `tests/test_background_verify.py` and the soak test switch it on.
+
+The longest files are collected first, so `make test`'s two workers start on them (LONGEST_FILES_FIRST).
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+import pytest
 from hypothesis import settings
 
 os.environ["HWR_BACKGROUND_VERIFY"] = "off"
 
 settings.register_profile("hwr", database=None)
 settings.load_profile("hwr")
+
+
+# The files that take longest (whole benchmarks, demos, groups of fresh processes), longest first. With
+# `make test` (two workers, one file at a time, --no-loadscope-reorder) they start first and the short
+# files fill in around them, so neither worker ends the run alone on a long file; other files keep
+# their order. Without this, xdist starts the files with the most tests first, which puts the long
+# files of one to seven tests near the end. Figures: each file's seconds in a one-process run on 2
+# quiet cores (about 25 minutes in all); keep the list roughly sorted when adding a long file.
+LONGEST_FILES_FIRST = (
+    "test_bench.py",  # ~295 s: one whole tiny benchmark in its module fixture
+    "test_diffusion_tp_group.py",  # ~125 s
+    "test_transformers_components.py",  # ~75 s
+    "test_diffusion_demo.py",  # ~70 s
+    "test_pipeline_loader.py",  # ~55 s
+    "test_serve_example.py",  # ~45 s
+    "test_bench_pipeline.py",  # ~40 s
+    "test_readme_diffusers.py",  # ~40 s
+    "test_diffusion_tp_pss.py",  # ~35 s
+    "test_cli_remote_targets.py",  # ~30 s
+    "test_cli_remote.py",  # ~25 s
+    "test_adoption_arguments.py",  # ~25 s
+    "test_adoption_background.py",  # ~25 s
+    "test_remote_load_component.py",  # ~20 s
+    "test_store_stateful.py",  # ~20 s
+    "test_diffusion_tp.py",  # ~20 s
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put the longest files first (a stable sort: the tests of a file, and the other files, keep their order)."""
+    folder = Path(__file__).parent
+    missing = [name for name in LONGEST_FILES_FIRST if not (folder / name).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py LONGEST_FILES_FIRST names files that do not exist: {missing}")
+    rank = {name: index for index, name in enumerate(LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
