@@ -1,5 +1,6 @@
 """What a process keeps between loads of one artifact: identity keys hashed once, manifests parsed once per
-exact bytes; neither may ever answer for another identity or other bytes (C03, C06, S10)."""
+exact bytes, tensor ownership discovered once per kind of skeleton; none may ever answer for another
+identity, other bytes or another skeleton (C03, C06, S10, D01, D05, D14)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,23 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from host_weight_runtime import BuildRequest, FilesystemHostWeightStore, StoreStatus, ValidationLevel
 from host_weight_runtime.canonical_json import CanonicalJson, encode_canonical
+from host_weight_runtime.diffusion import ComponentLoadPath, load_component
+from host_weight_runtime.diffusion._load_options import LoadOptions
+from host_weight_runtime.diffusion._ownership_plans import OWNERSHIP_PLANS
+from host_weight_runtime.diffusion.component_source import ComponentLocation
+from host_weight_runtime.diffusion.contracts import FinalLayoutParallelIdentity
+from host_weight_runtime.diffusion.identity_adapter import discover_final_layout
+from host_weight_runtime.diffusion.representation import quantize_model_fp8, tensor_policy
+from host_weight_runtime.diffusion.skeleton import ComponentSkeleton, identify_component, prepare_skeleton
 from host_weight_runtime.failures import FailureCode
 from host_weight_runtime.identity import RuntimeWeightLayout
 from host_weight_runtime.manifest import MANIFEST_FILE_NAME, PARSED_MANIFESTS, ParsedManifests, WeightManifest
 
+from ._diffusion import DIT, runtime_at, save_folder
 from ._hostile import reseal, writable
 from .support import SyntheticProducer, make_identity, make_tensors
 
@@ -95,3 +106,65 @@ def test_lookup_serves_the_manifest_on_disk_not_one_parsed_before(tmp_path: Path
     assert refused.failure is not None and refused.failure.code is FailureCode.MANIFEST_INVALID
     assert WeightManifest.from_bytes(original.to_bytes()) == original
     assert PARSED_MANIFESTS.parse(original.to_bytes())[1] == original
+
+
+def _skeleton(root: Path, options: LoadOptions | None = None) -> ComponentSkeleton:
+    location = ComponentLocation(root, subfolder=DIT)
+    return prepare_skeleton(location, options or LoadOptions(), FinalLayoutParallelIdentity())
+
+
+def test_ownership_is_discovered_once_per_kind_of_skeleton(tmp_path: Path) -> None:
+    """D01/D05: a second skeleton of the same component reuses the discovered ownership and gets the identity a
+    fresh discovery gives; another config, another dtype or an FP8-quantized skeleton is discovered afresh and
+    keyed apart."""
+    OWNERSHIP_PLANS.clear()
+    folder = save_folder(tmp_path / "model", "flux")
+    runtime = runtime_at(tmp_path / "domain")
+    first = identify_component(_skeleton(folder.root), runtime)
+    before = (OWNERSHIP_PLANS.hits, OWNERSHIP_PLANS.discoveries)
+    again = _skeleton(folder.root)
+    second = identify_component(again, runtime)
+    assert (OWNERSHIP_PLANS.hits, OWNERSHIP_PLANS.discoveries) == (before[0] + 1, before[1])
+    fresh, _contracts = discover_final_layout([(DIT, again.model)], again.policy, again.aliases)
+    assert second.context.tensors == fresh.tensors == first.context.tensors
+    assert second.context.identity.key == first.context.identity.key
+    assert second.context.identity.component == first.context.identity.component
+
+    wider = save_folder(tmp_path / "wider", "flux", config_overrides={"num_layers": 3})
+    other = identify_component(_skeleton(wider.root), runtime)
+    assert OWNERSHIP_PLANS.discoveries == before[1] + 1
+    assert other.context.tensor_names != first.context.tensor_names
+    assert other.context.identity.key != first.context.identity.key
+
+    fp16 = identify_component(_skeleton(folder.root, LoadOptions(dtype=torch.float16)), runtime)
+    assert OWNERSHIP_PLANS.discoveries == before[1] + 2
+    assert {t.dtype for t in fp16.context.tensors} != {t.dtype for t in first.context.tensors}
+
+    quantized = _skeleton(folder.root)
+    quantize_model_fp8(quantized.model)
+    fp8 = identify_component(quantized, runtime, tensor_policy(True))
+    assert OWNERSHIP_PLANS.discoveries == before[1] + 3
+    assert fp8.context.identity.key != first.context.identity.key
+    assert torch.float8_e4m3fn in {t.dtype for t in fp8.context.tensors}
+
+
+def test_a_second_load_in_one_process_restores_the_same_bytes(tmp_path: Path) -> None:
+    """D14: two warm loads in one process (the second served from the kept manifest and ownership plan) give
+    models whose every tensor views the artifact and equals the canonical model's."""
+    folder = save_folder(tmp_path / "model", "flux")
+    runtime = runtime_at(tmp_path / "domain")
+    with load_component(folder.root, subfolder=DIT, runtime=runtime) as cold:
+        assert cold.load_path is ComponentLoadPath.CANONICAL
+    canonical = folder.canonical()
+    expected = dict(canonical.state_dict())
+    for _ in range(2):
+        hits = (OWNERSHIP_PLANS.hits, PARSED_MANIFESTS.hits)
+        with load_component(folder.root, subfolder=DIT, runtime=runtime) as warm:
+            assert warm.load_path is ComponentLoadPath.ARTIFACT
+            got = dict(warm.model.state_dict())
+            assert got.keys() == expected.keys()
+            assert all(torch.equal(got[name], expected[name]) for name in expected)
+            assert warm.lease is not None
+            leased = {t.data_ptr() for t in warm.lease.tensors.values()}
+            assert all(t.data_ptr() in leased for t in warm.model.parameters())
+    assert OWNERSHIP_PLANS.hits > hits[0] and PARSED_MANIFESTS.hits > hits[1]
