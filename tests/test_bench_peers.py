@@ -11,6 +11,7 @@ import torch
 
 from host_weight_runtime.tools.bench.peers import (
     PEERS,
+    REFERENCE_PEERS,
     Peer,
     PeerFormat,
     PeerLoad,
@@ -79,7 +80,7 @@ def test_file_names_per_format(written: tuple[dict[str, torch.Tensor], dict[Peer
         assert path.stat().st_size > 0
 
 
-@pytest.mark.parametrize("peer", PEERS, ids=[p.name for p in PEERS])
+@pytest.mark.parametrize("peer", (*PEERS, *REFERENCE_PEERS), ids=[p.name for p in (*PEERS, *REFERENCE_PEERS)])
 def test_peer_loads_exactly_what_was_written(
     peer: Peer, written: tuple[dict[str, torch.Tensor], dict[PeerFormat, Path]]
 ) -> None:
@@ -113,7 +114,7 @@ def test_peer_loads_exactly_what_was_written(
     loaded.close()  # idempotent
 
 
-@pytest.mark.parametrize("peer", PEERS, ids=[p.name for p in PEERS])
+@pytest.mark.parametrize("peer", (*PEERS, *REFERENCE_PEERS), ids=[p.name for p in (*PEERS, *REFERENCE_PEERS)])
 def test_copies_flag_matches_whether_file_writes_show_through(
     peer: Peer, written: tuple[dict[str, torch.Tensor], dict[PeerFormat, Path]]
 ) -> None:
@@ -229,3 +230,41 @@ def test_peer_load_close_without_keepalive_is_idempotent() -> None:
     load.close()
     load.close()
     assert load.tensors == {}
+
+
+def _resident_bytes(address: int) -> tuple[int, int]:
+    """(size, Rss) in bytes of this process's mapping that holds address, from /proc/self/smaps."""
+    found: int | None = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            found = high - low if low <= address < high else None
+        elif found is not None and fields[0] == "Rss:":
+            return found, int(fields[1]) * 1024
+    raise AssertionError(f"{address:#x} is in no mapping")
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs /proc/self/smaps")
+@pytest.mark.parametrize("peer", (peer_named("safetensors-mmap-views"), *REFERENCE_PEERS), ids=lambda p: p.name)
+def test_reference_mappings_have_every_page_mapped_before_any_read(
+    peer: Peer, written: tuple[dict[str, torch.Tensor], dict[PeerFormat, Path]], tmp_path: Path
+) -> None:
+    """The bare references' page tables are filled up front (MAP_POPULATE, or MADV_POPULATE_READ on a thread), so
+    the goals judge warm loads against the best population; the page-by-page views map only what was read."""
+    large = {**written[0], "large": torch.zeros(1 << 20, dtype=torch.bfloat16)}  # 2 MiB: beyond any fault-around
+    folder = tmp_path / "large"
+    folder.mkdir()
+    path = write_peer_files(large, folder, [PeerFormat.SAFETENSORS])[PeerFormat.SAFETENSORS]
+    loaded = load_peer(peer, path)
+    try:
+        keepalive = loaded.keepalive
+        thread = getattr(keepalive, "thread", None)
+        if thread is not None:
+            thread.join()
+            assert getattr(keepalive, "error", None) is None
+        address = loaded.tensors["large"].data_ptr()
+        size, resident = _resident_bytes(address)
+        assert (resident == size > 0) is (peer in REFERENCE_PEERS), f"{peer.name}: {resident} of {size} bytes mapped"
+    finally:
+        loaded.close()

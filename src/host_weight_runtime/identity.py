@@ -275,6 +275,8 @@ class WeightArtifactIdentity:
     layout: RuntimeWeightLayout
     adaptation: AdaptationIdentity
     producer: ProducerIdentity
+    _key: str | None = field(default=None, init=False, repr=False, compare=False)
+    """The key, computed on first use: every field is a frozen value, so it can never change."""
 
     def __post_init__(self) -> None:
         require_int_field(self.schema_version, "WeightArtifactIdentity.schema_version")
@@ -329,6 +331,10 @@ class WeightArtifactIdentity:
 
     @property
     def key(self) -> str:
-        """Hex SHA-256 of the canonical identity bytes."""
-        return hashlib.sha256(encode_canonical(self.to_dict())).hexdigest()
+        """Hex SHA-256 of the canonical identity bytes (hashed once per identity object)."""
+        key = self._key
+        if key is None:
+            key = hashlib.sha256(encode_canonical(self.to_dict())).hexdigest()
+            object.__setattr__(self, "_key", key)
+        return key
 

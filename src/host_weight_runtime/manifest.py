@@ -11,6 +11,8 @@ import functools
 import gc
 import hashlib
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ._strict import (
@@ -418,3 +420,52 @@ class PublicationMarker:
 
 def manifest_sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+PARSED_MANIFESTS_KEPT = 64
+"""How many parsed manifests one process keeps (least recently used go first)."""
+
+
+class ParsedManifests:
+    """Manifests parsed once per process, keyed by the SHA-256 of their exact bytes.
+
+    A warm load reads READY.json and manifest.json every time and checks the manifest's
+    digest against READY; only the parse (a few objects per tensor) is skipped when the
+    same bytes were parsed before. The key is the content itself, so other bytes (another
+    artifact, another publication, a tampered file) can never be answered from here, and
+    a `WeightManifest` is immutable, so sharing one is safe. Parse errors are not kept.
+    """
+
+    __slots__ = ("_guard", "_kept", "_limit", "hits", "parses")
+
+    def __init__(self, limit: int = PARSED_MANIFESTS_KEPT) -> None:
+        self._limit = limit
+        self._kept: OrderedDict[str, WeightManifest] = OrderedDict()
+        self._guard = threading.Lock()
+        self.hits = 0
+        self.parses = 0
+
+    def parse(self, data: bytes) -> tuple[str, WeightManifest]:
+        """(SHA-256 hex of `data`, its manifest); raises as `WeightManifest.from_bytes` does."""
+        digest = manifest_sha256(data)
+        with self._guard:
+            found = self._kept.get(digest)
+            if found is not None:
+                self._kept.move_to_end(digest)
+                self.hits += 1
+                return digest, found
+        manifest = WeightManifest.from_bytes(data)
+        with self._guard:
+            self.parses += 1
+            self._kept[digest] = manifest
+            while len(self._kept) > self._limit:
+                self._kept.popitem(last=False)
+        return digest, manifest
+
+    def clear(self) -> None:
+        with self._guard:
+            self._kept.clear()
+
+
+PARSED_MANIFESTS = ParsedManifests()
+"""This process's parsed manifests (what a lookup of an artifact loaded before skips)."""

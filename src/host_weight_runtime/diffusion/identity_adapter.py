@@ -144,6 +144,7 @@ def build_final_layout_identity(
     tensor_shards: Mapping[str, TensorShard] | None = None,
     aliases: Mapping[str, str] | None = None,
     checkpoint_keys: Mapping[str, str] | None = None,
+    discovered: tuple[TensorOwnership, tuple[FinalLayoutModelContract, ...]] | None = None,
 ) -> FinalLayoutIdentityContext:
     """Build exact source, representation, layout, and implementation identity.
 
@@ -153,6 +154,7 @@ def build_final_layout_identity(
     name -> owned name) are the ties the model declares; they enter the tensor contract, so the key.
     `checkpoint_keys` (final-layout name -> checkpoint key) bind tensors the checkpoint stores under
     another name (a family's own key renaming); the rest are bound by their source prefix.
+    `discovered` is `discover_final_layout`'s result for these very modules, where the caller kept it.
     """
     if not isinstance(pipeline, torch.nn.Module):
         raise ValueError(f"pipeline must be a torch.nn.Module, got {type(pipeline).__name__}")
@@ -160,7 +162,7 @@ def build_final_layout_identity(
         raise ValueError("request must be a FinalLayoutRequest")
     policy.check_request(request)
     spec = policy.spec
-    ownership, contracts = discover_final_layout(dit_modules, policy, aliases)
+    ownership, contracts = discovered if discovered is not None else discover_final_layout(dit_modules, policy, aliases)
     bindings = bind_tensors_to_sources(ownership.names, prepared_sources)
     for name, key in (checkpoint_keys or {}).items():
         if name in bindings:

@@ -18,6 +18,7 @@ import torch
 from ..canonical_json import encode_canonical
 from ..runtime import HostWeightRuntime
 from ._load_options import LoadOptions
+from ._ownership_plans import OWNERSHIP_PLANS, ownership_plan_key
 from .component_source import (
     ComponentLocation,
     checkpoint_source,
@@ -35,7 +36,7 @@ from .contracts import (
     ImplementationIdentity,
 )
 from .dtype_policies import ModelFamilyName, dtype_policy
-from .identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity
+from .identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity, discover_final_layout
 from .model_family import ImportClock, ModelFamily
 from .models import contract_for_model
 from .source_identity import PreparedWeightSource
@@ -196,15 +197,22 @@ def identify_component(
     """Hash the sources (once per node, through the digest cache) and build the identity on the skeleton.
 
     `policy=None` is the skeleton's own (its family's at the requested dtype); FP8 passes its own.
+    The skeleton's tensor ownership is discovered once per process for each kind of skeleton
+    (`_ownership_plans`): a later load of the same component builds the same skeleton.
     """
+    chosen = skeleton.policy if policy is None else policy
+    dit_modules = [(skeleton.component_name, skeleton.model)]
+    key = ownership_plan_key(skeleton.model, skeleton.component_name, skeleton.request, chosen, skeleton.aliases)
+    discovered = OWNERSHIP_PLANS.plan(key, lambda: discover_final_layout(dit_modules, chosen, skeleton.aliases))
     context = build_final_layout_identity(
         skeleton.holder,
-        dit_modules=[(skeleton.component_name, skeleton.model)],
+        dit_modules=dit_modules,
         prepared_sources=[skeleton.source],
         request=skeleton.request,
-        policy=skeleton.policy if policy is None else policy,
+        policy=chosen,
         source_digest_cache=node_digest_cache(runtime),
         aliases=skeleton.aliases,
         checkpoint_keys=skeleton.checkpoint_keys,
+        discovered=discovered,
     )
     return IdentifiedComponent(skeleton, context)

@@ -31,6 +31,7 @@ from ..identity import WeightArtifactIdentity
 from ..lease import MappedHostRegion
 from ..manifest import (
     MANIFEST_FILE_NAME,
+    PARSED_MANIFESTS,
     READY_FILE_NAME,
     FileManifestEntry,
     PublicationMarker,
@@ -249,7 +250,7 @@ def _parse_marker_and_manifest(
     if manifest_sha256(manifest_bytes) != marker.manifest_sha256:
         raise _invalid(FailureCode.MANIFEST_INVALID, "manifest.json does not match the digest in READY.json")
     try:
-        manifest = WeightManifest.from_bytes(manifest_bytes)
+        _digest, manifest = PARSED_MANIFESTS.parse(manifest_bytes)  # parsed once per process per exact bytes
     except _PARSE_ERRORS as exc:
         raise _invalid(FailureCode.MANIFEST_INVALID, f"manifest.json is invalid: {_reason(exc)}") from None
     if marker.identity_key != key or manifest.identity_key != key:

@@ -16,17 +16,40 @@ from .names import (
     REMOTE_FILE,
     REMOTE_S3,
     VIEWS_HUGE,
+    VIEWS_POPULATE_HUGE,
+    VIEWS_POPULATE_SHM,
     VIEWS_SHM,
+    VIEWS_THREAD_HUGE,
+    VIEWS_THREAD_SHM,
     WARM_HUGE,
     WARM_SHM,
 )
 
-__all__ = ["BACKGROUND_TARGET", "COLD_TARGET", "PUBLISHED_TARGET", "STARTUP_TARGET_S", "goals", "ratio"]
+__all__ = [
+    "BACKGROUND_TARGET",
+    "COLD_TARGET",
+    "PUBLISHED_TARGET",
+    "STARTUP_TARGET_S",
+    "WARM_VS_VIEWS_TARGET",
+    "goals",
+    "ratio",
+]
 
 STARTUP_TARGET_S = 1.0  # "well under a second" for the read-only commands
 COLD_TARGET = 1.3  # a cold path's time to ready / canonical
 BACKGROUND_TARGET = 1.05  # canonical + background publication's time to ready / canonical
 PUBLISHED_TARGET = 2.0  # when that background publication finished / canonical
+WARM_VS_VIEWS_TARGET = 1.25  # warm time to ready / the fastest bare mmap views of the same bytes on the same tmpfs
+_VIEWS_SHM_ROWS = (
+    ("page by page", VIEWS_SHM),
+    ("MAP_POPULATE", VIEWS_POPULATE_SHM),
+    ("prefault thread", VIEWS_THREAD_SHM),
+)
+_VIEWS_HUGE_ROWS = (
+    ("page by page", VIEWS_HUGE),
+    ("MAP_POPULATE", VIEWS_POPULATE_HUGE),
+    ("prefault thread", VIEWS_THREAD_HUGE),
+)
 # Each checkpoint source's canonical load and its cold rows: a local folder (its files are hashed for the
 # content key) and the same files as a Hugging Face cache snapshot (the blob names are the content ids).
 _COLD_SOURCES = (
@@ -97,21 +120,32 @@ def goals(data: dict[str, JsonValue]) -> list[JsonValue]:
         for peer in ("tensorizer", "runai-model-streamer", "fastsafetensors"):
             value = ready(peer)
             goal(f"warm x faster than {peer}", None if value is None else ratio(value, warm), 5.0)
-        views = ready(VIEWS_SHM)
+    for warm_row, label, variants in (
+        (WARM_SHM, "same tmpfs", _VIEWS_SHM_ROWS),
+        (WARM_HUGE, "huge-page tmpfs", _VIEWS_HUGE_ROWS),
+    ):
+        warm_time = ready(warm_row)
+        if warm_time is None:
+            continue
+        bounds = {how: value for how, row in variants if (value := ready(row)) is not None}
+        # The bound is the fastest bare mapping measured: page by page, MAP_POPULATE, or a prefault thread.
+        best = min(bounds.values(), default=None)
         goal(
-            "warm / bare safetensors mmap views (same tmpfs)",
-            None if views is None else ratio(warm, views),
-            1.25,
+            f"warm / bare safetensors mmap views ({label})",
+            None if best is None else ratio(warm_time, best),
+            WARM_VS_VIEWS_TARGET,
             False,
         )
-    if huge is not None:
-        views_huge = ready(VIEWS_HUGE)
-        goal(
-            "warm / bare safetensors mmap views (huge-page tmpfs)",
-            None if views_huge is None else ratio(huge, views_huge),
-            1.25,
-            False,
-        )
+        for how, value in bounds.items():
+            ratio_to_bound = ratio(warm_time, value)  # each bound on its own, reported without a verdict
+            goals.append(
+                {
+                    "goal": f"warm / bare views, {how} ({label})",
+                    "value": ratio_to_bound,
+                    "target": "reported",
+                    "met": None,
+                }
+            )
     model = data["model"]
     assert isinstance(model, dict)
     artifact = model["artifact_bytes"]

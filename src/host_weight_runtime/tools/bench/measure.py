@@ -249,9 +249,10 @@ def _load(spec: RowSpec, flux_class: Any) -> _Loaded:
     if spec.peer is None or spec.peer_file is None:
         raise ValueError(f"row {spec.name}: a peer row needs a peer and its file")
     folder = Path(spec.pipeline) / spec.subfolder
-    model = build_skeleton(flux_class, folder, str(folder))
+    # The file first: a peer that fills page tables on a thread overlaps the skeleton, the best a bare loader can do.
     peer_load = load_peer(peer_named(spec.peer), Path(spec.peer_file))
     try:
+        model = build_skeleton(flux_class, folder, str(folder))
         model.load_state_dict(peer_load.tensors, strict=True, assign=True)
     except BaseException:
         peer_load.close()

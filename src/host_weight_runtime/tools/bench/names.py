@@ -17,7 +17,11 @@ __all__ = [
     "REMOTE_FILE",
     "REMOTE_S3",
     "VIEWS_HUGE",
+    "VIEWS_POPULATE_HUGE",
+    "VIEWS_POPULATE_SHM",
     "VIEWS_SHM",
+    "VIEWS_THREAD_HUGE",
+    "VIEWS_THREAD_SHM",
     "WARM_HUGE",
     "WARM_SHM",
     "WARM_VERIFY_OFF",
@@ -40,6 +44,11 @@ WARM_VERIFY_OFF = "hwr warm: background verify off"
 WARM_HUGE = "hwr warm: huge-page tmpfs"
 VIEWS_SHM = "safetensors-mmap-views: /dev/shm"
 VIEWS_HUGE = "safetensors-mmap-views: huge-page tmpfs"
+# The same bare views with the page tables filled up front: MAP_POPULATE in mmap, or MADV_POPULATE_READ on a thread.
+VIEWS_POPULATE_SHM = "safetensors-mmap-populate: /dev/shm"
+VIEWS_POPULATE_HUGE = "safetensors-mmap-populate: huge-page tmpfs"
+VIEWS_THREAD_SHM = "safetensors-mmap-prefault-thread: /dev/shm"
+VIEWS_THREAD_HUGE = "safetensors-mmap-prefault-thread: huge-page tmpfs"
 REMOTE_FILE = "hwr node B: remote import (file://)"
 REMOTE_S3 = "hwr node B: remote import (moto S3)"
 HOT = "hot"

@@ -11,6 +11,10 @@ What each peer's tensors are, with the versions pinned in this repository's venv
     safetensors-load_file   views of a private (copy-on-write) mmap of the file: load_file's
                             default backend is "mmap", so nothing is copied until written
     safetensors-mmap-views  views of a read-only MAP_SHARED mmap; invalid after PeerLoad.close()
+    safetensors-mmap-populate         the same views, the mapping made with MAP_POPULATE (the kernel
+                            fills every page-table entry inside mmap, no fault later)
+    safetensors-mmap-prefault-thread  the same views, madvise(MADV_POPULATE_READ) on a thread of its
+                            own from the moment the file is mapped (what a warm lease does)
     torch-load-mmap         views of a private (copy-on-write) mmap of the zip's storages
     tensorizer              anonymous memory the deserializer reads into; nn.Parameters are
                             detached into plain tensors (no copy), the deserializer is closed
@@ -26,6 +30,7 @@ Every peer handles 0-d and one-element tensors. The peer libraries are optional 
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import importlib
 import inspect
@@ -33,6 +38,7 @@ import json
 import mmap
 import os
 import struct
+import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -44,6 +50,7 @@ import torch
 
 __all__ = [
     "PEERS",
+    "REFERENCE_PEERS",
     "Peer",
     "PeerFormat",
     "PeerLoad",
@@ -119,6 +126,25 @@ PEERS: tuple[Peer, ...] = (
     ),
 )
 
+REFERENCE_PEERS: tuple[Peer, ...] = (
+    Peer(
+        "safetensors-mmap-populate",
+        PeerFormat.SAFETENSORS,
+        False,
+        "torch",
+        "mmap.mmap(fd, 0, MAP_SHARED | MAP_POPULATE, PROT_READ) + the same views: page tables filled in mmap",
+    ),
+    Peer(
+        "safetensors-mmap-prefault-thread",
+        PeerFormat.SAFETENSORS,
+        False,
+        "torch",
+        "the same read-only mapping and views, madvise(MADV_POPULATE_READ) on a thread from the moment it is mapped",
+    ),
+)
+"""The bare mapping with the best honest page-table population: the tmpfs reference rows only (the warm goals'
+bound), not rows of their own on disk; `safetensors-mmap-views` is the same mapping faulted page by page."""
+
 _BENCH_REQUIREMENTS = frozenset({"tensorizer", "runai_model_streamer", "fastsafetensors"})
 _WRITER_REQUIREMENT = {
     PeerFormat.SAFETENSORS: "safetensors",
@@ -134,10 +160,10 @@ _FILE_NAMES = {
 
 def peer_named(name: str) -> Peer:
     """The peer with this row name, so command lines can pick peers by name."""
-    for peer in PEERS:
+    for peer in (*PEERS, *REFERENCE_PEERS):
         if peer.name == name:
             return peer
-    valid = ", ".join(peer.name for peer in PEERS)
+    valid = ", ".join(peer.name for peer in (*PEERS, *REFERENCE_PEERS))
     raise ValueError(f"unknown peer {name!r}; valid peers: {valid}")
 
 
@@ -357,6 +383,61 @@ def _load_safetensors_mmap_views(path: Path) -> PeerLoad:
     return PeerLoad(tensors, mapped)
 
 
+def _load_safetensors_mmap_populate(path: Path) -> PeerLoad:
+    with path.open("rb") as file:
+        mapped = mmap.mmap(file.fileno(), 0, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+    try:
+        tensors = _mmap_views(mapped, path)
+    except BaseException:
+        mapped.close()
+        raise
+    return PeerLoad(tensors, mapped)
+
+
+_MADV_POPULATE_READ = 22  # Linux 5.14+; Python's mmap module has no constant for it before 3.13
+
+
+class _PrefaultedMapping:
+    """A read-only mapping whose page tables a thread fills (GIL released in madvise); close() joins it first."""
+
+    __slots__ = ("error", "mapped", "thread")
+
+    def __init__(self, mapped: mmap.mmap) -> None:
+        self.mapped = mapped
+        self.error: str | None = None
+        # The buffer is read-only, so ctypes cannot take its address; torch's one-byte view gives it without a copy.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+            address = torch.frombuffer(mapped, dtype=torch.uint8, count=1).data_ptr()
+        self.thread = threading.Thread(target=self._populate, args=(address, len(mapped)), daemon=True)
+        self.thread.start()
+
+    def _populate(self, address: int, length: int) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        if libc.madvise(address, length, _MADV_POPULATE_READ) != 0:
+            self.error = os.strerror(ctypes.get_errno())  # an older kernel: the views fault page by page instead
+
+    def close(self) -> None:
+        self.thread.join()
+        self.mapped.close()
+
+
+def _load_safetensors_mmap_prefault_thread(path: Path) -> PeerLoad:
+    with path.open("rb") as file:
+        mapped = mmap.mmap(file.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    if len(mapped) < 8:
+        mapped.close()
+        raise ValueError(f"{path} is too short to be a safetensors file")
+    prefaulted = _PrefaultedMapping(mapped)
+    try:
+        tensors = _mmap_views(mapped, path)
+    except BaseException:
+        prefaulted.close()
+        raise
+    return PeerLoad(tensors, prefaulted)
+
+
 def _load_torch_mmap(path: Path) -> PeerLoad:
     loaded = torch.load(path, mmap=True, weights_only=True)
     if not isinstance(loaded, dict):
@@ -433,6 +514,8 @@ def _load_fastsafetensors(path: Path) -> PeerLoad:
 _LOADERS: dict[str, Callable[[Path], PeerLoad]] = {
     "safetensors-load_file": _load_safetensors_load_file,
     "safetensors-mmap-views": _load_safetensors_mmap_views,
+    "safetensors-mmap-populate": _load_safetensors_mmap_populate,
+    "safetensors-mmap-prefault-thread": _load_safetensors_mmap_prefault_thread,
     "torch-load-mmap": _load_torch_mmap,
     "tensorizer": _load_tensorizer,
     "runai-model-streamer": _load_runai,
@@ -442,8 +525,9 @@ _LOADERS: dict[str, Callable[[Path], PeerLoad]] = {
 
 def load_peer(peer: Peer, path: Path) -> PeerLoad:
     """Load every tensor of the peer's file with that peer's own API; close() the result when done."""
-    if peer not in PEERS:
-        raise ValueError(f"{peer.name!r} is not one of PEERS; valid peers: {', '.join(p.name for p in PEERS)}")
+    known = (*PEERS, *REFERENCE_PEERS)
+    if peer not in known:
+        raise ValueError(f"{peer.name!r} is not one of PEERS; valid peers: {', '.join(p.name for p in known)}")
     reason = peer_unavailable_reason(peer)
     if reason is not None:
         raise ImportError(reason, name=peer.requirement)

@@ -27,16 +27,21 @@ from .names import (
     COLD_STREAM_HUB,
     HUB_REPO_ID,
     VIEWS_HUGE,
+    VIEWS_POPULATE_HUGE,
+    VIEWS_POPULATE_SHM,
     VIEWS_SHM,
+    VIEWS_THREAD_HUGE,
+    VIEWS_THREAD_SHM,
     WARM_HUGE,
     WARM_SHM,
     WARM_VERIFY_OFF,
     WARM_VERIFY_ON,
 )
-from .peers import PEERS, PeerFormat, peer_file_name
+from .peers import PEERS, REFERENCE_PEERS, PeerFormat, peer_file_name, peer_named
 from .setup import BenchSetup
 
 __all__ = ["BenchRow", "BenchRows", "bench_rows"]
+
 
 @dataclass(frozen=True, slots=True)
 class BenchRow:
@@ -149,35 +154,28 @@ def bench_rows(setup: BenchSetup, *, remote_s3_row: bool) -> BenchRows:
                 cold_cache=False,
             )
         )
-    views_file = str(views_shm / peer_file_name(PeerFormat.SAFETENSORS))
-    rows.append(
-        BenchRow(
-            spec(VIEWS_SHM, LoadKind.PEER, peer="safetensors-mmap-views", peer_file=views_file),
-            "bare zero-copy mmap views of the same bytes on the same tmpfs, assigned into the skeleton",
-            (),
-            cold_cache=False,
-        )
-    )
-    if views_huge is not None:
-        rows.append(
-            BenchRow(
-                spec(
-                    VIEWS_HUGE,
-                    LoadKind.PEER,
-                    peer="safetensors-mmap-views",
-                    peer_file=str(views_huge / peer_file_name(PeerFormat.SAFETENSORS)),
-                ),
-                "bare zero-copy mmap views on the huge-page tmpfs",
-                (),
-                cold_cache=False,
+    for folder, where, names in (
+        (views_shm, "the same tmpfs (/dev/shm)", (VIEWS_SHM, VIEWS_POPULATE_SHM, VIEWS_THREAD_SHM)),
+        (views_huge, "the huge-page tmpfs", (VIEWS_HUGE, VIEWS_POPULATE_HUGE, VIEWS_THREAD_HUGE)),
+    ):
+        if folder is None:
+            continue
+        views_file = str(folder / peer_file_name(PeerFormat.SAFETENSORS))
+        bare = ("safetensors-mmap-views", *(reference.name for reference in REFERENCE_PEERS))
+        for name, bare_peer in zip(names, bare, strict=True):
+            rows.append(
+                BenchRow(
+                    spec(name, LoadKind.PEER, peer=bare_peer, peer_file=views_file),
+                    f"bare zero-copy mmap views of the same bytes on {where}, assigned into the skeleton: "
+                    f"{peer_named(bare_peer).description}",
+                    (),
+                    cold_cache=False,
+                )
             )
-        )
     rows_not_measured: dict[str, JsonValue] = {}
     for target in remotes.targets:
         if target.kind == "s3" and not remote_s3_row:
-            rows_not_measured[target.row] = (
-                "--quick times node B over file:// only; S3 import throughput is measured"
-            )
+            rows_not_measured[target.row] = "--quick times node B over file:// only; S3 import throughput is measured"
             continue
         rows.append(
             BenchRow(
