@@ -57,15 +57,16 @@ def rank_contexts(
 
 
 def bundle_crash_child(folder_root: str, domain_root: str, crashes_after: int) -> None:
-    """Build a TP=2 bundle and SIGKILL this process before its (crashes_after + 1)-th commit."""
+    """Build a TP=2 bundle (three parts) and SIGKILL this process before its (crashes_after + 1)-th commit."""
     for _ in range(crashes_after):
         arm("bundle.before_publish", Fault(FaultAction.PAUSE))
     arm("bundle.before_publish", Fault(FaultAction.CRASH))
     _, contexts = rank_contexts(Folder("flux", Path(folder_root)), 2)
     store = FilesystemHostWeightStore(Path(domain_root))
+    bundle = FinalLayoutBF16BundleProducer(contexts)
     store.get_or_build(
-        BuildRequest(contexts[0].identity),
-        FinalLayoutBF16BundleProducer(contexts),
+        BuildRequest(bundle.parts[0].shard.identity),
+        bundle,
         validation=ValidationLevel.MANIFEST_AND_METADATA,
         deadline=float("inf"),
     )

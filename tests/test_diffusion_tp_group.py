@@ -109,7 +109,7 @@ def test_cold_group_builds_one_bundle_then_warm_group_hits_with_identical_forwar
         assert torch.equal(before["output"], after["output"])
         torch.testing.assert_close(before["output"].float(), reference.float(), atol=3e-2, rtol=3e-2)
     store = FilesystemHostWeightStore(domain)
-    assert len(list(store.layout.artifacts.iterdir())) == 2  # one artifact per rank, from one bundle
+    assert len(list(store.layout.artifacts.iterdir())) == 3  # the replicated part and two shards, one bundle
 
 
 def test_mixed_group_falls_back_together_or_fails_together(tmp_path: Path, flux: Folder) -> None:
@@ -226,17 +226,20 @@ def test_fp8_ranks_publish_then_hit_with_reference_shards_and_identical_forward(
 
 
 def test_prewarmed_ranks_hit_in_a_required_group_without_a_build(tmp_path: Path, flux: Folder) -> None:
-    """D05/D14: `prewarm_tensor_parallel` builds every rank's artifact in one pass with no process group (a
-    second call finds them all); a TP=2 group in REQUIRED without streaming then hits on every rank, under the
-    keys the prewarm reported, so an operator can prewarm a node before its ranks start."""
+    """D05/D14/T01: `prewarm_tensor_parallel` builds the replicated part and every rank's shard in one pass with
+    no process group (a second call finds them all); a TP=2 group in REQUIRED without streaming then hits on
+    every rank, under the shard keys the prewarm reported, so an operator can prewarm a node before its ranks
+    start."""
     domain = tmp_path / "hwr"
     runtime = runtime_at(domain, RuntimeMode.REQUIRED)
     built = prewarm_tensor_parallel(flux.root, tensor_parallel_size=2, subfolder=DIT, runtime=runtime)
     outcomes = [result.resolution.outcome for result in built]
-    assert outcomes == [ResolutionOutcome.LOCAL_PRODUCTION, ResolutionOutcome.LOCAL_HIT]  # rank 0's build made both
-    assert built[0].total_bytes == built[1].total_bytes and built[0].identity_key != built[1].identity_key
+    assert outcomes == [ResolutionOutcome.LOCAL_PRODUCTION] + [ResolutionOutcome.LOCAL_HIT] * 2  # one bundle
+    replicated, *shards = built
+    assert shards[0].total_bytes == shards[1].total_bytes and shards[0].identity_key != shards[1].identity_key
+    assert replicated.total_bytes > 0 and len({result.identity_key for result in built}) == 3
     again = prewarm_tensor_parallel(flux.root, tensor_parallel_size=2, subfolder=DIT, runtime=runtime)
-    assert [result.resolution.outcome for result in again] == [ResolutionOutcome.LOCAL_HIT] * 2
+    assert [result.resolution.outcome for result in again] == [ResolutionOutcome.LOCAL_HIT] * 3
     (warm,) = run_group(tmp_path, flux, domain, 2, [{"mode": "required", "stream": False}])
     assert [result["outcome"] for result in warm] == ["local_hit", "local_hit"]
-    assert [result["key"] for result in warm] == [result.identity_key for result in built]
+    assert [result["key"] for result in warm] == [result.identity_key for result in shards]
