@@ -243,3 +243,43 @@ def test_prewarmed_ranks_hit_in_a_required_group_without_a_build(tmp_path: Path,
     (warm,) = run_group(tmp_path, flux, domain, 2, [{"mode": "required", "stream": False}])
     assert [result["outcome"] for result in warm] == ["local_hit", "local_hit"]
     assert [result["key"] for result in warm] == [result.identity_key for result in shards]
+
+
+def test_a_rank_restored_from_its_parts_equals_the_canonical_rank(tmp_path: Path, flux: Folder) -> None:
+    """T01: a cold TP=2 group in PREFERRED loads canonically, localizes and publishes the two parts (the
+    replicated part once); the warm group restores from them: every parameter has the same DTensor
+    placements, dtype and local bytes as the canonical rank had, and the forward is bit-identical."""
+    domain = tmp_path / "hwr"
+    step = {"mode": "preferred", "placements": True}
+    cold, warm = run_group(tmp_path, flux, domain, 2, [step, step])
+    assert [result["path"] for result in cold] == ["canonical", "canonical"]
+    assert [result["outcome"] for result in warm] == ["local_hit", "local_hit"]
+    for before, after in zip(cold, warm, strict=True):
+        assert before["placements"] == after["placements"]
+        assert any(placement.startswith("(Shard") for placement, _d, _h in after["placements"].values())
+        assert torch.equal(before["output"], after["output"])
+    assert len(list(FilesystemHostWeightStore(domain).layout.artifacts.iterdir())) == 3
+
+
+def test_ranks_with_different_plan_versions_are_refused_before_touching_artifacts(
+    tmp_path: Path, flux: Folder
+) -> None:
+    """T02: rank 1 declares the same rules under another plan version; both ranks of the group raise the same
+    typed INVALID_CONFIGURATION before any lookup or build, so no artifact or staging exists afterwards."""
+    domain = tmp_path / "hwr"
+    steps: list[dict[str, Any]] = [{"mode": "required", "plan_name": {"1": "flux-diffusers-tp-v2"}}]
+    (refused,) = run_group(tmp_path, flux, domain, 2, steps)
+    assert [result.get("failed") for result in refused] == ["invalid_configuration"] * 2
+    store = FilesystemHostWeightStore(domain)
+    assert not list(store.layout.artifacts.glob("*")) and not list(store.layout.tmp.glob("*"))
+
+
+def test_ranks_without_a_group_build_one_bundle_and_join_it(tmp_path: Path, flux: Folder) -> None:
+    """T01/S14: two ranks resolving independently (no cohort) in REQUIRED both stream on a miss: one bundle
+    publishes the replicated part and both shards, the other rank joins or hits; both serve from artifacts."""
+    domain = tmp_path / "hwr"
+    (alone,) = run_group(tmp_path, flux, domain, 2, [{"mode": "required", "group": False}])
+    assert [result["path"] for result in alone] == ["artifact", "artifact"]
+    store = FilesystemHostWeightStore(domain)
+    assert len(list(store.layout.artifacts.iterdir())) == 3
+    assert not list(store.layout.tmp.glob("*"))
