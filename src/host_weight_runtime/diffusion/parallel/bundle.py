@@ -115,9 +115,10 @@ class FinalLayoutBF16BundleProducer:
                 descriptors[str(entry.path)] = fd
             return fd
 
-        made = ([replicated] if making_replicated else []) + shards
+        replicated_outputs = [replicated] if making_replicated else []
+        made = replicated_outputs + shards
         try:
-            for kind, contexts in ((PartKind.REPLICATED, made[:making_replicated]), (PartKind.SHARD, shards)):
+            for kind, contexts in ((PartKind.REPLICATED, replicated_outputs), (PartKind.SHARD, shards)):
                 if not contexts:
                     continue
                 for file_name, group in part_file_plan(contexts[0].tensors, self._shard_bytes, kind):
