@@ -23,6 +23,7 @@ from host_weight_runtime.diffusion import (
     HostWeightUsageError,
     load_component,
 )
+from host_weight_runtime.diffusion.contracts import FinalLayoutParallelIdentity
 from host_weight_runtime.diffusion.parallel.plan import localize_module
 from host_weight_runtime.diffusion.representation import quantize_model_fp8
 from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
@@ -114,12 +115,15 @@ def test_fp8_matches_the_reference_quantization_has_its_own_key_and_a_fresh_proc
 
 
 def test_unsupported_representation_combinations_are_usage_errors(tmp_path: Path, flux: Folder) -> None:
-    """D06: an unknown representation, or FP8 with streaming or background publication, is refused up front."""
+    """D06: an unknown representation, FP8 with another torch_dtype, or a tensor-parallel FP8 load that would
+    stream or publish in the background (its bundle does not stream FP8 yet) is refused up front."""
     runtime = runtime_at(tmp_path / "domain")
+    tensor_parallel = FinalLayoutParallelIdentity(tensor_parallel_size=2)
     refused: list[dict[str, Any]] = [
         {"representation": "int4"},
-        {"representation": "fp8", "stream_on_miss": True},
-        {"representation": "fp8", "publish_in_background": True},
+        {"representation": "fp8", "torch_dtype": torch.float16},
+        {"representation": "fp8", "stream_on_miss": True, "parallel": tensor_parallel},
+        {"representation": "fp8", "publish_in_background": True, "parallel": tensor_parallel},
     ]
     for arguments in refused:
         with pytest.raises(HostWeightUsageError):

@@ -11,7 +11,16 @@ from rich.text import Text
 
 from ._command import Subcommands, add_command
 from ._domain import add_root_option, runtime_config
-from ._output import EXIT_OK, add_json_option, byte_progress, print_json, seconds, size, stdout_console
+from ._output import (
+    EXIT_OK,
+    UsageError,
+    add_json_option,
+    byte_progress,
+    print_json,
+    seconds,
+    size,
+    stdout_console,
+)
 
 if TYPE_CHECKING:
     from ..diffusion import PipelinePrewarmResult, PrewarmResult
@@ -21,7 +30,8 @@ __all__ = ["register", "run"]
 
 
 def register(commands: Subcommands) -> None:
-    """Add `hwr prewarm MODEL [--subfolder] [--variant] [--dtype] [--revision] [--cache-dir] [--root DIR] [--json]`."""
+    """Add `hwr prewarm MODEL [--subfolder] [--variant] [--dtype] [--representation] [--revision] [--cache-dir]
+    [--root DIR] [--json]`."""
     sub = add_command(commands, "prewarm", run, "build a model's or a whole pipeline's artifacts from the checkpoint")
     sub.add_argument("model", help="diffusers model or pipeline folder, or a repo id in the local HF cache")
     sub.add_argument(
@@ -38,6 +48,13 @@ def register(commands: Subcommands) -> None:
         choices=("bfloat16", "float16", "float32"),
         help="the representation to build, as load_component's torch_dtype (default bfloat16)",
     )
+    sub.add_argument(
+        "--representation",
+        default="bf16",
+        choices=("bf16", "fp8"),
+        help="bf16 (as --dtype says), or fp8: float8 Linear weights with one scale per tensor, as "
+        "load_component(representation='fp8') serves them (one diffusers component: needs --subfolder on a pipeline)",
+    )
     sub.add_argument("--revision", default=None, help="cache revision (branch, tag or commit); default main")
     sub.add_argument("--cache-dir", default=None, metavar="DIR", help="Hugging Face cache (default: $HF_HUB_CACHE)")
     add_root_option(sub)
@@ -52,11 +69,17 @@ def run(args: argparse.Namespace) -> int:
 
     runtime = HostWeightRuntime(runtime_config(args.root))
     if args.subfolder is None and _is_pipeline(args):
+        if args.representation != "bf16":
+            raise UsageError(
+                f"--representation {args.representation} prewarms one diffusers component; add --subfolder "
+                "(e.g. --subfolder transformer)"
+            )
         return _run_pipeline(args, runtime)
     kwargs: dict[str, Any] = {
         "subfolder": args.subfolder,
         "variant": args.variant,
         "torch_dtype": args.dtype,
+        "representation": args.representation,
         "revision": args.revision,
         "runtime": runtime,
         "cache_dir": args.cache_dir,
@@ -79,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
                 "model": str(args.model),
                 "subfolder": args.subfolder,
                 "variant": args.variant,
+                "representation": args.representation,
                 "identity_key": result.identity_key,
                 "total_bytes": result.total_bytes,
                 "tensor_count": result.tensor_count,

@@ -56,6 +56,8 @@ from .pipeline_loader import (
     prewarm_pipeline,
 )
 from .producers import FinalLayoutBF16CheckpointProducer, FinalLayoutBF16Producer
+from .producers.fp8_checkpoint import FinalLayoutFP8CheckpointProducer
+from .producers.fp8_stream import FP8StreamCast
 from .reports import ComponentLoadPath, PrewarmResult
 from .restorer import FinalLayoutTensorRestorePlan, FinalLayoutTensorRestorer
 from .source_identity import NodeSourceDigestCache, PreparedWeightSource, WeightSourceKind, prepare_weight_source
@@ -82,7 +84,9 @@ __all__ = [
     "FinalLayoutBF16Policy",
     "FinalLayoutBF16Producer",
     "FP8Linear",
+    "FP8StreamCast",
     "FinalLayoutFP8Policy",
+    "FinalLayoutFP8CheckpointProducer",
     "FinalLayoutFP8Producer",
     "FinalLayoutFP8Restorer",
     "FinalLayoutIdentityContext",

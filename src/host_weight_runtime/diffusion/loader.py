@@ -27,7 +27,6 @@ from .canonical_step import load_canonical_at, load_canonical_for
 from .component_source import ComponentLocation, needs_hashing
 from .contracts import FinalLayoutParallelIdentity
 from .diffusers_family import DIFFUSERS_FAMILY
-from .dtype_policies import ModelFamilyName
 from .load_runtime import required_runtime, runtime_for_load
 from .loaded import LoadedComponent, LoadStopwatch
 from .model_family import ImportClock, ModelFamily
@@ -35,7 +34,7 @@ from .parallel.loader import load_tensor_parallel_component
 from .producers._shards import ProgressCallback
 from .publish_step import build_artifact, publish_after_canonical_load, start_background_publication
 from .reports import ComponentLoadPath, PrewarmResult, report_without_lookup
-from .representation import check_representation, quantize_model_fp8, tensor_policy
+from .representation import check_fp8_dtype, check_representation, fp8_skeleton
 from .resolve_step import resolve_component
 from .restore_step import restore_or_fall_back
 from .skeleton import ComponentSkeleton, IdentifiedComponent, identify_component, prepare_skeleton
@@ -113,14 +112,20 @@ def load_component(
 
     `representation="fp8"` serves float8_e4m3fn Linear weights with one FP32 scale per tensor
     (`FP8Linear` modules that dequantize in forward; see `diffusion/fp8.py`), under a key of
-    its own; its artifact is published after a canonical load (no streaming, no background).
+    its own; it streams from the checkpoint (`stream_on_miss`, `publish_in_background`,
+    `prewarm_component(..., representation="fp8")`) into the very bytes a post-load
+    publication writes, with each weight's scale taken over the full tensor.
     """
     del token  # accepted so that a pasted call runs; nothing is downloaded, so it is never used, kept or logged
+    tensor_parallel = isinstance(parallel, FinalLayoutParallelIdentity) and parallel.tensor_parallel_size > 1
     fp8 = check_representation(
-        representation, stream_on_miss=stream_on_miss, publish_in_background=publish_in_background
+        representation,
+        stream_on_miss=stream_on_miss,
+        publish_in_background=publish_in_background,
+        streams_fp8=not tensor_parallel,
     )
     location = ComponentLocation(model_or_path, subfolder, revision, Path(cache_dir) if cache_dir is not None else None)
-    if isinstance(parallel, FinalLayoutParallelIdentity) and parallel.tensor_parallel_size > 1:
+    if isinstance(parallel, FinalLayoutParallelIdentity) and tensor_parallel:
         _refuse_with_tensor_parallel(variant, from_pretrained_kwargs)
         return load_tensor_parallel_component(
             location,
@@ -144,12 +149,8 @@ def load_component(
         parallel=parallel,
         extra=from_pretrained_kwargs,
     )
-    if fp8 and options.dtype != torch.bfloat16:
-        raise usage_error(
-            f"representation='fp8' keeps the unquantized tensors in BF16; drop torch_dtype={options.dtype} "
-            "(or load the FP16/FP32 representation without representation='fp8')",
-            argument="representation",
-        )
+    if fp8:
+        check_fp8_dtype(options.dtype)
     clock = ImportClock()
     DIFFUSERS_FAMILY.import_up_front(clock)
     runtime = runtime_for_load(runtime)
@@ -158,7 +159,7 @@ def load_component(
     call = _ComponentCall(location, options, runtime, None, stopwatch, fp8)
     if mode is RuntimeMode.DISABLED:
         return call.canonical_only(report_without_lookup(mode, ResolutionOutcome.CANONICAL_DIRECT))
-    stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED and not fp8
+    stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
     background = publish_in_background and mode is RuntimeMode.PREFERRED and not stream
     parallel = parallel if parallel is not None else FinalLayoutParallelIdentity()
     return _load_through_runtime(call, parallel, stream=stream, background=background)
@@ -205,25 +206,15 @@ def _load_through_runtime(
         skeleton = prepare_skeleton(
             call.location, call.options, parallel, family=call.family, clock=call.stopwatch.clock
         )
+        if call.fp8:
+            skeleton = fp8_skeleton(skeleton)
         if background and skeleton.source.use_safetensors and _first_on_node(skeleton, call.runtime):
             return _canonical_then_hash_in_background(call, skeleton)
-        if call.fp8:
-            _refuse_fp8_for(skeleton)
-            quantize_model_fp8(skeleton.model)
-        identified = identify_component(skeleton, call.runtime, tensor_policy(True) if call.fp8 else None)
+        identified = identify_component(skeleton, call.runtime)
     except HostWeightError as exc:
         report = _identity_fallback_report(exc, call, identify_started)
         return call.canonical_only(report, identity_failure=exc.failure)
     return _serve(call, identified, stream=stream, background=background)
-
-
-def _refuse_fp8_for(skeleton: ComponentSkeleton) -> None:
-    if skeleton.family.family_name is not ModelFamilyName.DIFFUSERS:
-        raise usage_error(
-            f"representation='fp8' serves diffusers models; {skeleton.model_class.__name__} is a "
-            f"{skeleton.family.family_name.value} model: load it without representation='fp8'",
-            argument="representation",
-        )
 
 
 def _first_on_node(skeleton: ComponentSkeleton, runtime: HostWeightRuntime) -> bool:
@@ -233,7 +224,7 @@ def _first_on_node(skeleton: ComponentSkeleton, runtime: HostWeightRuntime) -> b
 
 def _canonical_then_hash_in_background(call: _ComponentCall, skeleton: ComponentSkeleton) -> LoadedComponent:
     """The canonical model now; hashing and the build move to the background publication."""
-    model = load_canonical_for(skeleton, fp8=False)
+    model = load_canonical_for(skeleton, fp8=call.fp8)
     skipped = ResolutionAttempt(
         ResolutionStage.LOOKUP, AttemptResult.SKIPPED, AttemptAction.FALL_BACK, 0.0, None, _SKIPPED_LOOKUP
     )
@@ -311,6 +302,7 @@ def prewarm_component(
     cache_dir: str | os.PathLike[str] | None = None,
     progress: ProgressCallback | None = None,
     torch_dtype: torch.dtype | str = torch.bfloat16,
+    representation: str = "bf16",
 ) -> PrewarmResult:
     """Build (or find) the artifact straight from the checkpoint, without loading the model.
 
@@ -319,10 +311,17 @@ def prewarm_component(
     and transformers components alike. Runs in REQUIRED mode with local builds allowed
     whatever the environment says, so a failure raises `HostWeightError` instead of being
     hidden by a fallback; a bad argument or model folder raises `HostWeightUsageError`.
+    `representation="fp8"` streams the FP8 artifact `load_component(..., representation="fp8")`
+    hits (diffusers components only, BF16 `torch_dtype`); see `diffusion/producers/fp8_checkpoint.py`.
     """
+    fp8 = check_representation(representation, streams_fp8=True)
     options = LoadOptions(variant=check_variant(variant), dtype=check_dtype(torch_dtype))
+    if fp8:
+        check_fp8_dtype(options.dtype)
     check_parallel(parallel)
     required = runtime_for_load(required_runtime(runtime if runtime is not None else HostWeightRuntime.from_env()))
     location = ComponentLocation(model_or_path, subfolder, revision, Path(cache_dir) if cache_dir is not None else None)
     skeleton = prepare_skeleton(location, options, parallel if parallel is not None else FinalLayoutParallelIdentity())
+    if fp8:
+        skeleton = fp8_skeleton(skeleton)
     return build_artifact(identify_component(skeleton, required), required, progress)

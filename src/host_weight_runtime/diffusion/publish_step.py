@@ -16,8 +16,8 @@ from .fp8 import FinalLayoutFP8Producer
 from .identity_adapter import FinalLayoutIdentityContext
 from .load_runtime import required_runtime
 from .producers._shards import ProgressCallback
-from .producers.checkpoint_stream import FinalLayoutBF16CheckpointProducer
 from .producers.finalized import FinalLayoutBF16Producer
+from .producers.fp8_checkpoint import streaming_producer
 from .reports import PrewarmResult
 from .skeleton import ComponentSkeleton, IdentifiedComponent, identify_component
 
@@ -58,7 +58,7 @@ def build_artifact(
     identified = component if isinstance(component, IdentifiedComponent) else identify_component(component, required)
     require_safetensors(identified.skeleton, "the artifact", "Load it once with load_component")
     context = identified.context
-    resolution = required.resolve(context.identity, FinalLayoutBF16CheckpointProducer(context, progress=progress))
+    resolution = required.resolve(context.identity, streaming_producer(context, progress=progress))
     if resolution.lease is None:
         assert resolution.report.failure is not None
         raise HostWeightError(resolution.report.failure)

@@ -3,24 +3,43 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
 
 from ..failures import HostWeightError, usage_error
 from .contracts import FINAL_LAYOUT_BF16_POLICY, FinalLayoutTensorPolicy
+from .dtype_policies import ModelFamilyName
 from .fp8 import FINAL_LAYOUT_FP8_POLICY, fp8_linear_names, quantize_to_fp8
 from .models import contract_for_model
+from .skeleton import ComponentSkeleton
 
-__all__ = ["REPRESENTATIONS", "check_representation", "quantize_model_fp8", "tensor_policy"]
+__all__ = [
+    "REPRESENTATIONS",
+    "check_fp8_dtype",
+    "check_representation",
+    "fp8_skeleton",
+    "quantize_model_fp8",
+    "tensor_policy",
+]
 
 REPRESENTATIONS = ("bf16", "fp8")
 """What `load_component(representation=...)` accepts; "bf16" is the default."""
 
 
 def check_representation(
-    representation: object, *, stream_on_miss: bool | None = None, publish_in_background: bool = False
+    representation: object,
+    *,
+    stream_on_miss: bool | None = None,
+    publish_in_background: bool = False,
+    streams_fp8: bool = False,
 ) -> bool:
-    """True for "fp8"; a value or combination the FP8 representation cannot serve is a HostWeightUsageError."""
+    """True for "fp8"; a value or combination the FP8 representation cannot serve is a HostWeightUsageError.
+
+    `streams_fp8`: the caller builds FP8 artifacts with `streaming_producer` (the one-component
+    path does); a caller that does not (the tensor-parallel bundle, for now) keeps FP8 after a
+    canonical load and refuses `stream_on_miss` / `publish_in_background` with it.
+    """
     if representation not in REPRESENTATIONS:
         raise usage_error(
             f"representation must be one of {list(REPRESENTATIONS)}, got {representation!r}", argument="representation"
@@ -29,13 +48,39 @@ def check_representation(
         return False
     refusals = ((stream_on_miss is True, "stream_on_miss"), (publish_in_background, "publish_in_background"))
     for refused, argument in refusals:
-        if refused:
+        if refused and not streams_fp8:
             raise usage_error(
-                f"representation='fp8' is published after a canonical load only; drop {argument}=True "
-                "(streaming an FP8 artifact from the checkpoint is not supported yet)",
+                f"representation='fp8' is published after a canonical load only here; drop {argument}=True "
+                "(a tensor-parallel FP8 artifact is not streamed from the checkpoint yet)",
                 argument=argument,
             )
     return True
+
+
+def check_fp8_dtype(dtype: torch.dtype) -> None:
+    """FP8 keeps its unquantized tensors in BF16: another `torch_dtype` with it is a HostWeightUsageError."""
+    if dtype != torch.bfloat16:
+        raise usage_error(
+            f"representation='fp8' keeps the unquantized tensors in BF16; drop torch_dtype={dtype} "
+            "(or load the FP16/FP32 representation without representation='fp8')",
+            argument="representation",
+        )
+
+
+def fp8_skeleton(skeleton: ComponentSkeleton) -> ComponentSkeleton:
+    """The skeleton of the FP8 representation: its Linears swapped for `FP8Linear` (on `meta`), FP8 policy.
+
+    Only diffusers models have an FP8 contract; anything else is a HostWeightUsageError, before
+    anything is read or written. The returned skeleton identifies (and streams) as FP8.
+    """
+    if skeleton.family.family_name is not ModelFamilyName.DIFFUSERS:
+        raise usage_error(
+            f"representation='fp8' serves diffusers models; {skeleton.model_class.__name__} is a "
+            f"{skeleton.family.family_name.value} model: load it without representation='fp8'",
+            argument="representation",
+        )
+    quantize_model_fp8(skeleton.model)
+    return replace(skeleton, policy=FINAL_LAYOUT_FP8_POLICY)
 
 
 def tensor_policy(fp8: bool) -> FinalLayoutTensorPolicy:

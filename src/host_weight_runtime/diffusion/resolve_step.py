@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..failures import HostWeightError
 from ..outcomes import HostWeightResolution, ResolutionOutcome
 from ..runtime import HostWeightRuntime
-from .producers.checkpoint_stream import FinalLayoutBF16CheckpointProducer
+from .producers.fp8_checkpoint import streaming_producer
 from .skeleton import IdentifiedComponent
 
 __all__ = ["resolve_component"]
@@ -17,7 +17,7 @@ def resolve_component(
     """The runtime's answer; a FAILED outcome (no lease, no fallback allowed) raises its HostWeightError."""
     context = identified.context
     streams = stream and identified.skeleton.source.use_safetensors
-    producer = FinalLayoutBF16CheckpointProducer(context) if streams else None
+    producer = streaming_producer(context) if streams else None
     resolution = runtime.resolve(context.identity, producer)
     if resolution.lease is None and resolution.outcome is ResolutionOutcome.FAILED:
         assert resolution.report.failure is not None
