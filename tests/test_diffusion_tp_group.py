@@ -245,6 +245,48 @@ def test_prewarmed_ranks_hit_in_a_required_group_without_a_build(tmp_path: Path,
     assert [result["key"] for result in warm] == [result.identity_key for result in shards]
 
 
+def test_fp8_groups_stream_the_bundle_or_are_served_from_an_fp8_prewarm(tmp_path: Path, flux: Folder) -> None:
+    """T03/T01/D14: `prewarm_tensor_parallel(..., representation="fp8")` streams the FP8 replicated part and both
+    shard parts in one pass; a TP=2 group in REQUIRED without streaming then hits them on every rank, and
+    each rank's FP8 weights are the matching slice of the reference quantization of the full canonical
+    weight with the full tensor's scale. A cold REQUIRED FP8 group streams the same bundle on its miss
+    (default stream_on_miss) and serves the same keys with a bit-identical forward."""
+    from .test_diffusion_fp8 import reference_fp8
+
+    canonical = flux.canonical()
+    weights = {name: parameter.detach() for name, parameter in canonical.named_parameters()}
+    shards = [resolve_tensor_shards(canonical, plan_for_model(canonical), 2, rank) for rank in range(2)]
+    prewarmed = tmp_path / "hwr-prewarmed"
+    built = prewarm_tensor_parallel(
+        flux.root, tensor_parallel_size=2, subfolder=DIT, runtime=runtime_at(prewarmed), representation="fp8"
+    )
+    outcomes = [result.resolution.outcome for result in built]
+    assert outcomes == [ResolutionOutcome.LOCAL_PRODUCTION, ResolutionOutcome.LOCAL_HIT, ResolutionOutcome.LOCAL_HIT]
+    steps: list[dict[str, Any]] = [
+        {"mode": "required", "stream": False, "representation": "fp8", "domain": str(prewarmed), "fp8_bits": True},
+        {"mode": "required", "representation": "fp8"},
+    ]
+    served, streamed = run_group(tmp_path, flux, tmp_path / "hwr-cold", 2, steps)
+    assert [result["outcome"] for result in served] == ["local_hit", "local_hit"]
+    assert [result["key"] for result in served] == [result.identity_key for result in built[1:]]
+    assert [result["path"] for result in streamed] == ["artifact", "artifact"]
+    assert [result["key"] for result in streamed] == [result["key"] for result in served]
+    for hit, cold in zip(served, streamed, strict=True):
+        assert torch.equal(hit["output"], cold["output"])
+    split = 0
+    for rank, result in enumerate(served):
+        assert result["fp8"], "the ranks serve FP8Linear modules"
+        for name, (local_bits, scale) in result["fp8"].items():
+            q, reference_scale = reference_fp8(weights[f"{name}.weight"])
+            shard = shards[rank].get(f"{name}.weight")
+            split += shard is not None
+            local = q if shard is None else shard.take(q)
+            assert torch.equal(torch.from_numpy(local_bits), local.contiguous().view(torch.uint8)), name
+            assert scale == float(reference_scale), name
+    assert split > 0
+    assert len(list(FilesystemHostWeightStore(tmp_path / "hwr-cold").layout.artifacts.iterdir())) == 3
+
+
 def test_a_rank_restored_from_its_parts_equals_the_canonical_rank(tmp_path: Path, flux: Folder) -> None:
     """T01: a cold TP=2 group in PREFERRED loads canonically, localizes and publishes the two parts (the
     replicated part once); the warm group restores from them: every parameter has the same DTensor

@@ -104,7 +104,7 @@ class FinalLayoutBF16BundleProducer:
             raise producer_error(FailureCode.PRODUCER_FAILED, "the store asked for an output this bundle does not make")
         rank = self._parts[0].rank
         rank.ensure_sources_unchanged()
-        index = FinalLayoutBF16CheckpointProducer(rank)._checkpoint_index()
+        index = self._start_pass(rank)
         self.bytes_read = 0
         descriptors: dict[str, int] = {}
 
@@ -145,9 +145,12 @@ class FinalLayoutBF16BundleProducer:
             for context in made
         }
 
-    @staticmethod
-    def _final(rows: torch.Tensor, tensor: FinalLayoutTensor) -> torch.Tensor:
-        """The one place a chunk of checkpoint rows becomes the representation's bytes (a cast for BF16)."""
+    def _start_pass(self, rank: FinalLayoutIdentityContext) -> dict[str, CheckpointTensor]:
+        """Owned name -> the checkpoint tensor it is read from, for one bundle pass over `rank`'s layout."""
+        return FinalLayoutBF16CheckpointProducer(rank).checkpoint_index()
+
+    def _final(self, rows: torch.Tensor, tensor: FinalLayoutTensor, fd: int, entry: CheckpointTensor) -> torch.Tensor:
+        """The one place a chunk of full checkpoint rows becomes the representation's bytes (a cast for BF16)."""
         return rows.to(tensor.dtype)
 
     def _write_everywhere(
@@ -171,13 +174,13 @@ class FinalLayoutBF16BundleProducer:
         if tensor.nbytes == 0:
             return
         if not tensor.shape:
-            value = self._final(read_rows(fd, entry, 0, 0), tensor)
+            value = self._final(read_rows(fd, entry, 0, 0), tensor, fd, entry)
             self.bytes_read += entry.end - entry.begin
             for file_writer in files:
                 file_writer.write_tensor(tensor.name, value)
             return
         for start, stop in row_chunks(entry, self._chunk_bytes):
-            rows = self._final(read_rows(fd, entry, start, stop), tensor)
+            rows = self._final(read_rows(fd, entry, start, stop), tensor, fd, entry)
             self.bytes_read += (stop - start) * entry.row_bytes
             for shard, file_writer in zip(shards, files, strict=True):
                 _write_part(file_writer, tensor.name, rows, (start, stop), shard)

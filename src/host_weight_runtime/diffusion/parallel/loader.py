@@ -28,7 +28,7 @@ from ...runtime import HostWeightRuntime
 from .._load_options import LoadOptions
 from ..canonical_step import load_canonical_for
 from ..component_source import ComponentLocation, node_digest_cache
-from ..contracts import FINAL_LAYOUT_BF16_POLICY, FinalLayoutParallelIdentity, FinalLayoutTensorPolicy
+from ..contracts import FinalLayoutParallelIdentity, FinalLayoutTensorPolicy
 from ..dtype_policies import ModelFamilyName
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..load_runtime import required_runtime, runtime_for_load
@@ -39,8 +39,9 @@ from ..representation import check_representation, quantize_model_fp8, tensor_po
 from ..restore_step import restore_into_skeleton
 from ..skeleton import ComponentSkeleton, prepare_skeleton
 from .apply import parallelize_localized
-from .bundle import FinalLayoutBF16BundleProducer, bundle_parts
+from .bundle import bundle_parts
 from .cohort import CohortStatus, TorchCohort, cohort_failure
+from .fp8_bundle import bundle_producer
 from .part_publish import publish_parts_after_load
 from .parts import RankParts
 from .plan import TensorParallelPlan, localize_module, plan_for_model, resolve_tensor_shards
@@ -94,7 +95,7 @@ class _RankLoad:
         build_runtime = HostWeightRuntime(
             replace(self.runtime.config, mode=RuntimeMode.REQUIRED, allow_local_build=True)
         )
-        return resolve_parts(build_runtime, self.parts, FinalLayoutBF16BundleProducer(self.contexts))
+        return resolve_parts(build_runtime, self.parts, bundle_producer(self.contexts))
 
     def restore(self, lease: HostWeightLease, resolution: PartsResolution) -> LoadedComponent:
         model = restore_into_skeleton(self.skeleton, self.context, lease, fp8=self.fp8)
@@ -151,9 +152,10 @@ def load_tensor_parallel_component(
     """One rank's parallelized component; see the module docstring for the group decision.
 
     With `representation="fp8"` every rank serves FP8Linear shards quantized with the full
-    tensor's scale; FP8 artifacts are published after a canonical load (no bundle build).
+    tensor's scale; the FP8 bundle streams them from the checkpoint as the BF16 bundle does, and
+    a canonical load publishes the same bytes after it.
     """
-    fp8 = check_representation(representation, stream_on_miss=stream_on_miss)
+    fp8 = check_representation(representation)
     started = time.monotonic()
     size, rank = parallel.tensor_parallel_size, parallel.tensor_parallel_rank
     mesh = _mesh(process_group, size)
@@ -163,7 +165,7 @@ def load_tensor_parallel_component(
     cohort = TorchCohort(process_group, timeout_s=runtime.config.lock_timeout_s) if process_group is not None else None
     if cohort is not None and cohort.rank != rank:
         raise ValueError(f"tensor_parallel_rank {rank} is rank {cohort.rank} of the process group; they must match")
-    stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED and not fp8
+    stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
     skeleton = prepare_skeleton(location, LoadOptions(), parallel)
     _require_diffusers(skeleton)
     plan = plan_for_model(skeleton.model)  # on the plain skeleton: a registered plan keys on its class
@@ -241,6 +243,7 @@ def prewarm_tensor_parallel(
     revision: str | None = None,
     runtime: HostWeightRuntime | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    representation: str = "bf16",
 ) -> tuple[PrewarmResult, ...]:
     """Build (or find) the replicated part and every TP rank's shard part in one checkpoint pass (ARTIFACT_BUNDLE).
 
@@ -248,8 +251,11 @@ def prewarm_tensor_parallel(
     rank's `load_component(..., parallel=...)` then hits. Returns the replicated part's result
     first, then one per rank's shard part, in rank order. Runs in REQUIRED mode with local
     builds allowed, like `prewarm_component`: a failure raises `HostWeightError`; a bad
-    argument raises `HostWeightUsageError`.
+    argument raises `HostWeightUsageError`. `representation="fp8"` builds the FP8 parts that
+    `load_component(..., parallel=..., representation="fp8")` hits (each weight's scale taken
+    over the full tensor, so every rank holds the slice of the TP=1 quantization).
     """
+    fp8 = check_representation(representation)
     if type(tensor_parallel_size) is not int or tensor_parallel_size < 2:
         raise ValueError(f"tensor_parallel_size must be an int >= 2, got {tensor_parallel_size!r}")
     required = runtime_for_load(required_runtime(runtime if runtime is not None else HostWeightRuntime.from_env()))
@@ -259,8 +265,10 @@ def prewarm_tensor_parallel(
     )
     _require_diffusers(skeleton)
     require_safetensors(skeleton, "a bundle", "Load each rank once with load_component")
-    contexts = _identify_every_rank(skeleton, required, FINAL_LAYOUT_BF16_POLICY, plan_for_model(skeleton.model))
-    producer = FinalLayoutBF16BundleProducer(contexts)
+    plan = plan_for_model(skeleton.model)  # on the plain skeleton: a registered plan keys on its class
+    if fp8:
+        quantize_model_fp8(skeleton.model)
+    producer = bundle_producer(_identify_every_rank(skeleton, required, tensor_policy(fp8), plan))
     results: list[PrewarmResult] = []
     for part in (producer.parts[0].replicated, *(part.shard for part in producer.parts)):
         # the first resolve's bundle builds every missing part; the others then hit
