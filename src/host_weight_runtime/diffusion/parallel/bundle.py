@@ -149,9 +149,16 @@ class FinalLayoutBF16BundleProducer:
         """Owned name -> the checkpoint tensor it is read from, for one bundle pass over `rank`'s layout."""
         return FinalLayoutBF16CheckpointProducer(rank).checkpoint_index()
 
-    def _final(self, rows: torch.Tensor, tensor: FinalLayoutTensor, fd: int, entry: CheckpointTensor) -> torch.Tensor:
-        """The one place a chunk of full checkpoint rows becomes the representation's bytes (a cast for BF16)."""
+    @staticmethod
+    def _final(rows: torch.Tensor, tensor: FinalLayoutTensor) -> torch.Tensor:
+        """The one place a chunk of checkpoint rows becomes the representation's bytes (a cast for BF16)."""
         return rows.to(tensor.dtype)
+
+    def _final_rows(
+        self, rows: torch.Tensor, tensor: FinalLayoutTensor, fd: int, entry: CheckpointTensor
+    ) -> torch.Tensor:
+        """Full checkpoint rows of `tensor` in the representation's bytes; the FP8 bundle reads the entry's scale."""
+        return self._final(rows, tensor)
 
     def _write_everywhere(
         self,
@@ -174,13 +181,13 @@ class FinalLayoutBF16BundleProducer:
         if tensor.nbytes == 0:
             return
         if not tensor.shape:
-            value = self._final(read_rows(fd, entry, 0, 0), tensor, fd, entry)
+            value = self._final_rows(read_rows(fd, entry, 0, 0), tensor, fd, entry)
             self.bytes_read += entry.end - entry.begin
             for file_writer in files:
                 file_writer.write_tensor(tensor.name, value)
             return
         for start, stop in row_chunks(entry, self._chunk_bytes):
-            rows = self._final(read_rows(fd, entry, start, stop), tensor, fd, entry)
+            rows = self._final_rows(read_rows(fd, entry, start, stop), tensor, fd, entry)
             self.bytes_read += (stop - start) * entry.row_bytes
             for shard, file_writer in zip(shards, files, strict=True):
                 _write_part(file_writer, tensor.name, rows, (start, stop), shard)

@@ -70,7 +70,9 @@ class FinalLayoutFP8BundleProducer(FinalLayoutBF16BundleProducer):
             self.bytes_read += entry.end - entry.begin
         return self._cast.scale(weight_name, fd, entry)
 
-    def _final(self, rows: torch.Tensor, tensor: FinalLayoutTensor, fd: int, entry: CheckpointTensor) -> torch.Tensor:
+    def _final_rows(
+        self, rows: torch.Tensor, tensor: FinalLayoutTensor, fd: int, entry: CheckpointTensor
+    ) -> torch.Tensor:
         # Lives in the cast's reused buffer: the caller writes every rank's part before the next chunk.
         return self._cast.cast(tensor.name, rows, fd, entry, tensor.dtype)
 
