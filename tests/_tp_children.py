@@ -57,15 +57,16 @@ def rank_contexts(
 
 
 def bundle_crash_child(folder_root: str, domain_root: str, crashes_after: int) -> None:
-    """Build a TP=2 bundle and SIGKILL this process before its (crashes_after + 1)-th commit."""
+    """Build a TP=2 bundle (three parts) and SIGKILL this process before its (crashes_after + 1)-th commit."""
     for _ in range(crashes_after):
         arm("bundle.before_publish", Fault(FaultAction.PAUSE))
     arm("bundle.before_publish", Fault(FaultAction.CRASH))
     _, contexts = rank_contexts(Folder("flux", Path(folder_root)), 2)
     store = FilesystemHostWeightStore(Path(domain_root))
+    bundle = FinalLayoutBF16BundleProducer(contexts)
     store.get_or_build(
-        BuildRequest(contexts[0].identity),
-        FinalLayoutBF16BundleProducer(contexts),
+        BuildRequest(bundle.parts[0].shard.identity),
+        bundle,
         validation=ValidationLevel.MANIFEST_AND_METADATA,
         deadline=float("inf"),
     )
@@ -87,6 +88,9 @@ def group_child(rank: int, setup: dict[str, Any], report: Connection, control: C
     try:
         for step in steps:
             _arm_step(step.get("faults", {}).get(str(rank), []), report, control)
+            plan_name = step.get("plan_name", {}).get(str(rank))
+            if plan_name is not None:
+                _register_plan_named(plan_name, Path(folder_root) / DIT)
             runtime = HostWeightRuntime(
                 HostWeightRuntimeConfig(
                     mode=RuntimeMode(step["mode"]),
@@ -119,11 +123,36 @@ def group_child(rank: int, setup: dict[str, Any], report: Connection, control: C
                     "key": loaded.identity_key,
                     "output": output.detach().float().numpy(),  # numpy pickles by value (BF16 -> FP32 is exact)
                     "fp8": _fp8_bits(model) if step.get("fp8_bits") else None,
+                    "placements": _placements(model) if step.get("placements") else None,
                 }
             )
             loaded.close()
     finally:
         dist.destroy_process_group()
+
+
+def _register_plan_named(name: str, config_dir: Path) -> None:
+    """Declare Flux's own diffusers plan again under another name: the same rules, another plan version."""
+    from diffusers import FluxTransformer2DModel
+
+    from host_weight_runtime.diffusion import plan_for_model, register_tensor_parallel_plan
+
+    skeleton = FluxTransformer2DModel.from_config(FluxTransformer2DModel.load_config(str(config_dir)))
+    plan = plan_for_model(skeleton)
+    register_tensor_parallel_plan("FluxTransformer2DModel", dataclasses.replace(plan, name=name))
+
+
+def _placements(model: Any) -> dict[str, tuple[str, str, str]]:
+    """Parameter name -> (DTensor placements or 'local', dtype, sha256 of this rank's local bytes)."""
+    import hashlib
+
+    found: dict[str, tuple[str, str, str]] = {}
+    for name, parameter in model.named_parameters():
+        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+        placements = str(tuple(parameter.placements)) if hasattr(parameter, "placements") else "local"
+        data = local.detach().contiguous().view(torch.uint8).numpy().tobytes()
+        found[name] = (placements, str(local.dtype), hashlib.sha256(data).hexdigest())
+    return found
 
 
 def _fp8_bits(model: Any) -> dict[str, tuple[Any, float]]:

@@ -22,6 +22,7 @@ from host_weight_runtime.diffusion import (
     FP8Linear,
     HostWeightUsageError,
     load_component,
+    prewarm_tensor_parallel,
 )
 from host_weight_runtime.diffusion.contracts import FinalLayoutParallelIdentity
 from host_weight_runtime.diffusion.parallel.plan import localize_module
@@ -115,19 +116,21 @@ def test_fp8_matches_the_reference_quantization_has_its_own_key_and_a_fresh_proc
 
 
 def test_unsupported_representation_combinations_are_usage_errors(tmp_path: Path, flux: Folder) -> None:
-    """D06: an unknown representation, FP8 with another torch_dtype, or a tensor-parallel FP8 load that would
-    stream or publish in the background (its bundle does not stream FP8 yet) is refused up front."""
+    """D06: an unknown representation (one component, a tensor-parallel rank or a TP prewarm) or FP8 with
+    another torch_dtype is refused up front; FP8 streams at TP > 1 too, so stream_on_miss with it is not
+    refused there (tests/test_diffusion_tp_group.py serves it)."""
     runtime = runtime_at(tmp_path / "domain")
     tensor_parallel = FinalLayoutParallelIdentity(tensor_parallel_size=2)
     refused: list[dict[str, Any]] = [
         {"representation": "int4"},
         {"representation": "fp8", "torch_dtype": torch.float16},
-        {"representation": "fp8", "stream_on_miss": True, "parallel": tensor_parallel},
-        {"representation": "fp8", "publish_in_background": True, "parallel": tensor_parallel},
+        {"representation": "int4", "stream_on_miss": True, "parallel": tensor_parallel},
     ]
     for arguments in refused:
         with pytest.raises(HostWeightUsageError):
             load_component(flux.root, subfolder=DIT, runtime=runtime, **arguments)
+    with pytest.raises(HostWeightUsageError):
+        prewarm_tensor_parallel(flux.root, tensor_parallel_size=2, subfolder=DIT, runtime=runtime, representation="e5m2")
     assert not (tmp_path / "domain").exists() or not list((tmp_path / "domain").rglob("*.safetensors"))
 
 

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from host_weight_runtime.config import RuntimeMode
 from host_weight_runtime.diffusion import (
     ComponentLoadPath,
+    FinalLayoutFP8BundleProducer,
     FinalLayoutFP8CheckpointProducer,
     FinalLayoutFP8Producer,
     FP8Linear,
@@ -27,13 +28,16 @@ from host_weight_runtime.diffusion import (
     HostWeightUsageError,
     load_component,
     prewarm_component,
+    prewarm_tensor_parallel,
 )
 from host_weight_runtime.diffusion._load_options import LoadOptions
 from host_weight_runtime.diffusion.component_source import ComponentLocation
 from host_weight_runtime.diffusion.contracts import FinalLayoutParallelIdentity
 from host_weight_runtime.diffusion.fp8 import quantize_to_fp8
 from host_weight_runtime.diffusion.identity_adapter import FinalLayoutIdentityContext
+from host_weight_runtime.diffusion.parallel.part_publish import publish_parts_after_load
 from host_weight_runtime.diffusion.parallel.plan import localize_module
+from host_weight_runtime.diffusion.parallel.rank_lease import resolve_parts
 from host_weight_runtime.diffusion.producers._checkpoint import mapped_rows, read_safetensors_header, row_chunks
 from host_weight_runtime.diffusion.producers.fp8_stream import (
     FP8Scratch,
@@ -206,6 +210,61 @@ def test_tp2_rank_artifacts_stream_with_the_full_tensor_scale(tmp_path: Path, fl
     assert split > 0
 
 
+def _part_digests(lease: HostWeightLease) -> tuple[str, str, dict[str, str]]:
+    manifest = lease.manifest
+    return manifest.identity.key, manifest.content_digest, {entry.name: entry.digest for entry in manifest.tensors}
+
+
+def test_tp2_fp8_bundle_parts_equal_the_post_load_fp8_rank_layouts(tmp_path: Path, flux: Folder) -> None:
+    """T03/T01: at TP=2 the FP8 bundle, in chunks of a row or so, writes the replicated part (every scale in it)
+    and both shard parts in one pass that reads each checkpoint tensor once plus each quantized weight once
+    more for its amax; every part has the key, content digest and tensor bytes of the part a rank publishes
+    after a canonical FP8 load (quantize, then cut), and every rank's lease over its two parts has the key
+    and content digest of the one-artifact FP8 rank layout published after that load."""
+    _, contexts = rank_contexts(flux, 2, fp8=True)
+    bundle = FinalLayoutFP8BundleProducer(contexts, chunk_bytes=TINY_CHUNK, shard_bytes=16 * 1024)
+    built = runtime_at(tmp_path / "bundle", RuntimeMode.REQUIRED)
+    header = read_safetensors_header(flux.weights)
+    replicated = bundle.parts[0].replicated
+    scales = {tensor.name for tensor in contexts[0].tensors if tensor.name.endswith("_scale")}
+    assert scales and scales <= replicated.tensor_names
+    quantized = {name.removesuffix("_scale") for name in scales}
+    first = resolve_parts(built, bundle.parts[0], bundle)
+    assert first.shard.outcome is ResolutionOutcome.LOCAL_PRODUCTION, first.failure
+    assert first.lease is not None
+    first.lease.close()
+    stored = {f"{DIT}.{key}": entry.end - entry.begin for key, entry in header.items()}
+    read_once = sum(stored[name] for name in contexts[0].tensor_names - scales)
+    assert bundle.bytes_read == read_once + sum(stored[name] for name in quantized)  # + one amax pass each
+    split = 0
+    for parts in bundle.parts:
+        rank = parts.rank_index
+        model = flux.canonical()
+        quantize_model_fp8(model)
+        localize_module(model, {n.removeprefix(f"{DIT}."): s for n, s in parts.rank.tensor_shards.items()})
+        split += sum(name in parts.shard.tensor_names for name in quantized)
+        post_parts = runtime_at(tmp_path / f"post-parts-{rank}")
+        report = publish_parts_after_load(post_parts, parts, DIT, model)
+        assert report.status is PostLoadPublicationStatus.PUBLISHED, report.failure
+        post_rank = runtime_at(tmp_path / f"post-rank-{rank}")
+        report = post_rank.publish_after_load(parts.rank.identity, FinalLayoutFP8Producer(parts.rank, [(DIT, model)]))
+        assert report.status is PostLoadPublicationStatus.PUBLISHED, report.failure
+        for part in (parts.replicated, parts.shard):
+            with lease_of(tmp_path / "bundle", part) as ours, lease_of(tmp_path / f"post-parts-{rank}", part) as post:
+                assert _part_digests(ours) == _part_digests(post)
+                for name, tensor in post.tensors.items():
+                    assert torch.equal(bits(ours.tensors[name]), bits(tensor)), name
+        served = resolve_parts(built, parts)
+        assert served.lease is not None, served.failure
+        with served.lease as lease, lease_of(tmp_path / f"post-rank-{rank}", parts.rank) as one_artifact:
+            assert lease.manifest.identity.key == one_artifact.manifest.identity.key == parts.rank.identity.key
+            assert lease.manifest.content_digest == one_artifact.manifest.content_digest
+            assert any(tensor.dtype == torch.float8_e4m3fn for tensor in one_artifact.tensors.values())
+            for name, tensor in one_artifact.tensors.items():
+                assert torch.equal(bits(lease.tensors[name]), bits(tensor)), name
+    assert split > 0
+
+
 def _required_fp8_child(root: str, folder_root: str, conn: Connection) -> None:
     """A fresh REQUIRED worker that may not build: it must be served from what the prewarm left."""
     runtime = runtime_at(Path(root), RuntimeMode.REQUIRED)
@@ -282,9 +341,9 @@ def _artifacts(root: Path) -> list[Path]:
 
 
 def test_fp8_requests_it_cannot_serve_are_typed_and_write_nothing(tmp_path: Path, flux: Folder) -> None:
-    """T03/D06: FP8 for a transformers encoder, with an FP16 torch_dtype, an unknown representation, or a
-    tensor-parallel streamed load are HostWeightUsageErrors; a checkpoint whose Linear weight is an integer
-    tensor is PRODUCER_UNSUPPORTED; none leaves an artifact behind."""
+    """T03/D06: FP8 for a transformers encoder, with an FP16 torch_dtype, or an unknown representation (also
+    for a TP prewarm) are HostWeightUsageErrors; a checkpoint whose Linear weight is an integer tensor is
+    PRODUCER_UNSUPPORTED, for one component and for the TP=2 bundle alike; none leaves an artifact behind."""
     root = tmp_path / "domain"
     encoder_root = tmp_path / "encoders"
     save_encoder(encoder_root, "text_encoder", seed=3)
@@ -297,13 +356,8 @@ def test_fp8_requests_it_cannot_serve_are_typed_and_write_nothing(tmp_path: Path
         with pytest.raises(HostWeightUsageError):
             prewarm_component(model_root, runtime=runtime_at(root), **arguments)
     with pytest.raises(HostWeightUsageError):
-        load_component(
-            flux.root,
-            subfolder=DIT,
-            runtime=runtime_at(root),
-            representation="fp8",
-            stream_on_miss=True,
-            parallel=FinalLayoutParallelIdentity(tensor_parallel_size=2),
+        prewarm_tensor_parallel(
+            flux.root, tensor_parallel_size=2, subfolder=DIT, runtime=runtime_at(root), representation="int8"
         )
 
     broken = save_folder(tmp_path / "int-weight", "flux", seed=7, config_overrides=FLUX_TP4)
@@ -313,6 +367,12 @@ def test_fp8_requests_it_cannot_serve_are_typed_and_write_nothing(tmp_path: Path
     save_file(tensors, broken.weights, metadata={"format": "pt"})
     with pytest.raises(HostWeightError) as failed:
         prewarm_component(broken.root, subfolder=DIT, runtime=runtime_at(root), representation="fp8")
+    assert failed.value.failure.code is FailureCode.PRODUCER_UNSUPPORTED
+    assert name in failed.value.failure.message
+    with pytest.raises(HostWeightError) as failed:
+        prewarm_tensor_parallel(
+            broken.root, tensor_parallel_size=2, subfolder=DIT, runtime=runtime_at(root), representation="fp8"
+        )
     assert failed.value.failure.code is FailureCode.PRODUCER_UNSUPPORTED
     assert name in failed.value.failure.message
     assert _artifacts(root) == []

@@ -25,7 +25,8 @@ from host_weight_runtime.diffusion import (
     prewarm_tensor_parallel,
     resolve_tensor_shards,
 )
-from host_weight_runtime.diffusion.parallel.bundle import FinalLayoutBF16BundleProducer
+from host_weight_runtime.diffusion.parallel.bundle import FinalLayoutBF16BundleProducer, bundle_parts
+from host_weight_runtime.diffusion.parallel.rank_lease import rank_lease, resolve_parts
 from host_weight_runtime.diffusion.parallel.ranks import localize_for_rank
 from host_weight_runtime.diffusion.producers._checkpoint import read_safetensors_header
 from host_weight_runtime.diffusion.producers.checkpoint_stream import FinalLayoutBF16CheckpointProducer
@@ -142,38 +143,47 @@ def _bundle_store(root: Path) -> FilesystemHostWeightStore:
     return FilesystemHostWeightStore(root)
 
 
-def test_bundle_builds_every_rank_in_one_pass(tmp_path: Path, flux: Folder) -> None:
-    """D05: one bundle producer reads each owned tensor once and publishes all ranks; each equals the per-rank
-    streamed artifact byte for byte; a second call is a HIT and builds nothing."""
+def test_bundle_builds_every_part_in_one_pass(tmp_path: Path, flux: Folder) -> None:
+    """D05/T01: one bundle producer reads each owned tensor once and publishes the replicated part and every
+    rank's shard part; a rank's lease over its two parts has the content digest of the one-artifact rank
+    layout it replaces (streamed per rank); a second call is a HIT and builds nothing."""
     _, contexts = rank_contexts(flux, 2)
     store = _bundle_store(tmp_path / "hwr")
     bundle = FinalLayoutBF16BundleProducer(contexts, chunk_bytes=96)
-    built = store.get_or_build(BuildRequest(contexts[1].identity), bundle, validation=META, deadline=soon())
+    built = store.get_or_build(BuildRequest(bundle.parts[1].shard.identity), bundle, validation=META, deadline=soon())
     assert built.status is StoreStatus.BUILT and built.lease is not None
     built.lease.close()
     checkpoint = read_safetensors_header(flux.weights)
     assert bundle.bytes_read == sum(entry.end - entry.begin for entry in checkpoint.values())
+    assert len(list(store.layout.artifacts.iterdir())) == 3  # one replicated part, two shard parts
     single = _bundle_store(tmp_path / "single")
-    for context in contexts:
-        found = store.lookup(context.identity, validation=META)
-        assert found.status is StoreStatus.HIT and found.lease is not None
+    for parts in bundle.parts:
+        replicated = store.lookup(parts.replicated.identity, validation=META)
+        shard = store.lookup(parts.shard.identity, validation=META)
+        assert replicated.lease is not None and shard.lease is not None
+        lease = rank_lease(parts, replicated.lease, shard.lease)
         alone = single.get_or_build(
-            BuildRequest(context.identity), FinalLayoutBF16CheckpointProducer(context), validation=META, deadline=soon()
+            BuildRequest(parts.rank.identity),
+            FinalLayoutBF16CheckpointProducer(parts.rank),
+            validation=META,
+            deadline=soon(),
         )
         assert alone.lease is not None
-        assert alone.lease.manifest.content_digest == found.lease.manifest.content_digest
+        assert alone.lease.manifest.content_digest == lease.manifest.content_digest
         alone.lease.close()
-        found.lease.close()
+        lease.close()
+        assert replicated.lease.closed and shard.lease.closed
     bundle.bytes_read = 0
-    again = store.get_or_build(BuildRequest(contexts[0].identity), bundle, validation=META, deadline=soon())
+    again = store.get_or_build(BuildRequest(bundle.parts[0].shard.identity), bundle, validation=META, deadline=soon())
     assert again.status is StoreStatus.HIT and bundle.bytes_read == 0
     assert again.lease is not None
     again.lease.close()
 
 
 def test_bundle_joiner_of_another_output_waits_for_the_bundle(tmp_path: Path, flux: Folder) -> None:
-    """S15: while a bundle builds, a single-rank build of another of its outputs waits and then JOINS it."""
+    """S15: while a bundle builds, a single build of another of its parts waits and then JOINS it."""
     _, contexts = rank_contexts(flux, 2)
+    parts = bundle_parts(contexts)
     store = _bundle_store(tmp_path / "hwr")
     reached = threading.Event()
     release = threading.Event()
@@ -188,13 +198,13 @@ def test_bundle_joiner_of_another_output_waits_for_the_bundle(tmp_path: Path, fl
     def bundle_build() -> None:
         bundle = FinalLayoutBF16BundleProducer(contexts)
         results["bundle"] = store.get_or_build(
-            BuildRequest(contexts[0].identity), bundle, validation=META, deadline=soon()
+            BuildRequest(parts[0].shard.identity), bundle, validation=META, deadline=soon()
         )
 
     def join() -> None:
-        producer = FinalLayoutBF16CheckpointProducer(contexts[1])
+        producer = FinalLayoutBF16CheckpointProducer(parts[1].shard)
         results["joiner"] = store.get_or_build(
-            BuildRequest(contexts[1].identity), producer, validation=META, deadline=soon()
+            BuildRequest(parts[1].shard.identity), producer, validation=META, deadline=soon()
         )
 
     with armed("bundle.staging_created", Fault(FaultAction.PAUSE, hook=pause)):
@@ -216,12 +226,13 @@ def test_bundle_joiner_of_another_output_waits_for_the_bundle(tmp_path: Path, fl
         result.lease.close()
 
 
-@pytest.mark.parametrize(("crashes_after", "published"), [(0, 0), (1, 1)])
+@pytest.mark.parametrize(("crashes_after", "published"), [(0, 0), (1, 1), (2, 2)])
 def test_bundle_crash_publishes_none_or_a_consistent_subset(
     tmp_path: Path, flux: Folder, crashes_after: int, published: int
 ) -> None:
-    """S16: a bundle builder killed before its first commit publishes nothing; killed between commits, only
-    complete, valid outputs; the next bundle builds exactly the rest."""
+    """S16/T02: a bundle builder killed before its first commit publishes nothing; killed between commits, only
+    complete, valid parts; the next bundle builds exactly the rest, and every rank's two parts are then one
+    build's bytes (their bundle records agree) with the content of the one-artifact rank layout."""
     root = tmp_path / "hwr"
     context = multiprocessing.get_context("spawn")
     child = context.Process(target=bundle_crash_child, args=(str(flux.root), str(root), crashes_after))
@@ -229,23 +240,31 @@ def test_bundle_crash_publishes_none_or_a_consistent_subset(
     child.join(CHILD_S)
     assert child.exitcode == -signal.SIGKILL
     _, contexts = rank_contexts(flux, 2)
+    bundle = FinalLayoutBF16BundleProducer(contexts)
     store = _bundle_store(root)
     missing = []
-    for rank_context in contexts:
-        found = store.lookup(rank_context.identity, validation=ValidationLevel.FULL_CHECKSUM)
+    for output in bundle.spec.outputs:
+        found = store.lookup(output, validation=ValidationLevel.FULL_CHECKSUM)
         assert found.status in (StoreStatus.HIT, StoreStatus.MISS)
         if found.lease is None:
-            missing.append(rank_context.identity)
+            missing.append(output)
         else:
             found.lease.close()
-    assert len(contexts) - len(missing) == published
-    bundle = FinalLayoutBF16BundleProducer(contexts)
+    assert len(bundle.spec.outputs) - len(missing) == published
     rebuilt = store.get_or_build(BuildRequest(missing[0]), bundle, validation=META, deadline=soon())
     assert rebuilt.status is StoreStatus.BUILT and rebuilt.lease is not None
     rebuilt.lease.close()
-    for rank_context in contexts:
-        assert store.lookup(rank_context.identity, validation=META).status is StoreStatus.HIT
-    assert not list(store.layout.staging_dirs(contexts[0].identity.key))
+    runtime = runtime_at(root, RuntimeMode.REQUIRED)
+    single = runtime_at(tmp_path / "single", RuntimeMode.REQUIRED)
+    for parts in bundle.parts:
+        resolution = resolve_parts(runtime, parts)
+        assert resolution.failure is None and resolution.lease is not None
+        alone = single.resolve(parts.rank.identity, FinalLayoutBF16CheckpointProducer(parts.rank))
+        assert alone.lease is not None
+        assert alone.lease.manifest.content_digest == resolution.lease.manifest.content_digest
+        alone.lease.close()
+        resolution.lease.close()
+    assert not any(list(store.layout.staging_dirs(output.key)) for output in bundle.spec.outputs)
 
 
 def test_prewarm_tensor_parallel_refuses_a_bad_size_before_writing(tmp_path: Path, flux: Folder) -> None:

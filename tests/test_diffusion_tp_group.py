@@ -109,7 +109,7 @@ def test_cold_group_builds_one_bundle_then_warm_group_hits_with_identical_forwar
         assert torch.equal(before["output"], after["output"])
         torch.testing.assert_close(before["output"].float(), reference.float(), atol=3e-2, rtol=3e-2)
     store = FilesystemHostWeightStore(domain)
-    assert len(list(store.layout.artifacts.iterdir())) == 2  # one artifact per rank, from one bundle
+    assert len(list(store.layout.artifacts.iterdir())) == 3  # the replicated part and two shards, one bundle
 
 
 def test_mixed_group_falls_back_together_or_fails_together(tmp_path: Path, flux: Folder) -> None:
@@ -226,17 +226,102 @@ def test_fp8_ranks_publish_then_hit_with_reference_shards_and_identical_forward(
 
 
 def test_prewarmed_ranks_hit_in_a_required_group_without_a_build(tmp_path: Path, flux: Folder) -> None:
-    """D05/D14: `prewarm_tensor_parallel` builds every rank's artifact in one pass with no process group (a
-    second call finds them all); a TP=2 group in REQUIRED without streaming then hits on every rank, under the
-    keys the prewarm reported, so an operator can prewarm a node before its ranks start."""
+    """D05/D14/T01: `prewarm_tensor_parallel` builds the replicated part and every rank's shard in one pass with
+    no process group (a second call finds them all); a TP=2 group in REQUIRED without streaming then hits on
+    every rank, under the shard keys the prewarm reported, so an operator can prewarm a node before its ranks
+    start."""
     domain = tmp_path / "hwr"
     runtime = runtime_at(domain, RuntimeMode.REQUIRED)
     built = prewarm_tensor_parallel(flux.root, tensor_parallel_size=2, subfolder=DIT, runtime=runtime)
     outcomes = [result.resolution.outcome for result in built]
-    assert outcomes == [ResolutionOutcome.LOCAL_PRODUCTION, ResolutionOutcome.LOCAL_HIT]  # rank 0's build made both
-    assert built[0].total_bytes == built[1].total_bytes and built[0].identity_key != built[1].identity_key
+    assert outcomes == [ResolutionOutcome.LOCAL_PRODUCTION] + [ResolutionOutcome.LOCAL_HIT] * 2  # one bundle
+    replicated, *shards = built
+    assert shards[0].total_bytes == shards[1].total_bytes and shards[0].identity_key != shards[1].identity_key
+    assert replicated.total_bytes > 0 and len({result.identity_key for result in built}) == 3
     again = prewarm_tensor_parallel(flux.root, tensor_parallel_size=2, subfolder=DIT, runtime=runtime)
-    assert [result.resolution.outcome for result in again] == [ResolutionOutcome.LOCAL_HIT] * 2
+    assert [result.resolution.outcome for result in again] == [ResolutionOutcome.LOCAL_HIT] * 3
     (warm,) = run_group(tmp_path, flux, domain, 2, [{"mode": "required", "stream": False}])
     assert [result["outcome"] for result in warm] == ["local_hit", "local_hit"]
-    assert [result["key"] for result in warm] == [result.identity_key for result in built]
+    assert [result["key"] for result in warm] == [result.identity_key for result in shards]
+
+
+def test_fp8_groups_stream_the_bundle_or_are_served_from_an_fp8_prewarm(tmp_path: Path, flux: Folder) -> None:
+    """T03/T01/D14: `prewarm_tensor_parallel(..., representation="fp8")` streams the FP8 replicated part and both
+    shard parts in one pass; a TP=2 group in REQUIRED without streaming then hits them on every rank, and
+    each rank's FP8 weights are the matching slice of the reference quantization of the full canonical
+    weight with the full tensor's scale. A cold REQUIRED FP8 group streams the same bundle on its miss
+    (default stream_on_miss) and serves the same keys with a bit-identical forward."""
+    from .test_diffusion_fp8 import reference_fp8
+
+    canonical = flux.canonical()
+    weights = {name: parameter.detach() for name, parameter in canonical.named_parameters()}
+    shards = [resolve_tensor_shards(canonical, plan_for_model(canonical), 2, rank) for rank in range(2)]
+    prewarmed = tmp_path / "hwr-prewarmed"
+    built = prewarm_tensor_parallel(
+        flux.root, tensor_parallel_size=2, subfolder=DIT, runtime=runtime_at(prewarmed), representation="fp8"
+    )
+    outcomes = [result.resolution.outcome for result in built]
+    assert outcomes == [ResolutionOutcome.LOCAL_PRODUCTION, ResolutionOutcome.LOCAL_HIT, ResolutionOutcome.LOCAL_HIT]
+    steps: list[dict[str, Any]] = [
+        {"mode": "required", "stream": False, "representation": "fp8", "domain": str(prewarmed), "fp8_bits": True},
+        {"mode": "required", "representation": "fp8"},
+    ]
+    served, streamed = run_group(tmp_path, flux, tmp_path / "hwr-cold", 2, steps)
+    assert [result["outcome"] for result in served] == ["local_hit", "local_hit"]
+    assert [result["key"] for result in served] == [result.identity_key for result in built[1:]]
+    assert [result["path"] for result in streamed] == ["artifact", "artifact"]
+    assert [result["key"] for result in streamed] == [result["key"] for result in served]
+    for hit, cold in zip(served, streamed, strict=True):
+        assert torch.equal(hit["output"], cold["output"])
+    split = 0
+    for rank, result in enumerate(served):
+        assert result["fp8"], "the ranks serve FP8Linear modules"
+        for name, (local_bits, scale) in result["fp8"].items():
+            q, reference_scale = reference_fp8(weights[f"{name}.weight"])
+            shard = shards[rank].get(f"{name}.weight")
+            split += shard is not None
+            local = q if shard is None else shard.take(q)
+            assert torch.equal(torch.from_numpy(local_bits), local.contiguous().view(torch.uint8)), name
+            assert scale == float(reference_scale), name
+    assert split > 0
+    assert len(list(FilesystemHostWeightStore(tmp_path / "hwr-cold").layout.artifacts.iterdir())) == 3
+
+
+def test_a_rank_restored_from_its_parts_equals_the_canonical_rank(tmp_path: Path, flux: Folder) -> None:
+    """T01: a cold TP=2 group in PREFERRED loads canonically, localizes and publishes the two parts (the
+    replicated part once); the warm group restores from them: every parameter has the same DTensor
+    placements, dtype and local bytes as the canonical rank had, and the forward is bit-identical."""
+    domain = tmp_path / "hwr"
+    step = {"mode": "preferred", "placements": True}
+    cold, warm = run_group(tmp_path, flux, domain, 2, [step, step])
+    assert [result["path"] for result in cold] == ["canonical", "canonical"]
+    assert [result["outcome"] for result in warm] == ["local_hit", "local_hit"]
+    for before, after in zip(cold, warm, strict=True):
+        assert before["placements"] == after["placements"]
+        assert any(placement.startswith("(Shard") for placement, _d, _h in after["placements"].values())
+        assert torch.equal(before["output"], after["output"])
+    assert len(list(FilesystemHostWeightStore(domain).layout.artifacts.iterdir())) == 3
+
+
+def test_ranks_with_different_plan_versions_are_refused_before_touching_artifacts(
+    tmp_path: Path, flux: Folder
+) -> None:
+    """T02: rank 1 declares the same rules under another plan version; both ranks of the group raise the same
+    typed INVALID_CONFIGURATION before any lookup or build, so no artifact or staging exists afterwards."""
+    domain = tmp_path / "hwr"
+    steps: list[dict[str, Any]] = [{"mode": "required", "plan_name": {"1": "flux-diffusers-tp-v2"}}]
+    (refused,) = run_group(tmp_path, flux, domain, 2, steps)
+    assert [result.get("failed") for result in refused] == ["invalid_configuration"] * 2
+    store = FilesystemHostWeightStore(domain)
+    assert not list(store.layout.artifacts.glob("*")) and not list(store.layout.tmp.glob("*"))
+
+
+def test_ranks_without_a_group_build_one_bundle_and_join_it(tmp_path: Path, flux: Folder) -> None:
+    """T01/S14: two ranks resolving independently (no cohort) in REQUIRED both stream on a miss: one bundle
+    publishes the replicated part and both shards, the other rank joins or hits; both serve from artifacts."""
+    domain = tmp_path / "hwr"
+    (alone,) = run_group(tmp_path, flux, domain, 2, [{"mode": "required", "group": False}])
+    assert [result["path"] for result in alone] == ["artifact", "artifact"]
+    store = FilesystemHostWeightStore(domain)
+    assert len(list(store.layout.artifacts.iterdir())) == 3
+    assert not list(store.layout.tmp.glob("*"))

@@ -35,6 +35,7 @@ from .loaded import LoadedComponent
 from .loader import load_component, prewarm_component
 from .models import FIRST_CLASS_CONTRACTS, ModelNotReadyError, contract_for_model
 from .parallel.bundle import FinalLayoutBF16BundleProducer
+from .parallel.fp8_bundle import FinalLayoutFP8BundleProducer
 from .parallel.loader import prewarm_tensor_parallel
 from .parallel.plan import (
     FIRST_CLASS_TENSOR_PARALLEL_PLANS,
@@ -85,6 +86,7 @@ __all__ = [
     "FinalLayoutBF16Producer",
     "FP8Linear",
     "FP8StreamCast",
+    "FinalLayoutFP8BundleProducer",
     "FinalLayoutFP8Policy",
     "FinalLayoutFP8CheckpointProducer",
     "FinalLayoutFP8Producer",

@@ -120,22 +120,19 @@ def load_component(
 
     With `parallel.tensor_parallel_size > 1` (torch.distributed initialized) this rank loads its
     own artifact and returns a parallelized model; `process_group=` makes the group's ranks
-    resolve together (GROUP_COHORT, see `diffusion/parallel/loader.py`).
+    resolve together (GROUP_COHORT, see `diffusion/parallel/loader.py`). A rank publishes its
+    parts after a canonical load or streams the bundle on a miss, never on a background thread:
+    `publish_in_background` applies to TP=1 loads only.
 
     `representation="fp8"` serves float8_e4m3fn Linear weights with one FP32 scale per tensor
     (`FP8Linear` modules that dequantize in forward; see `diffusion/fp8.py`), under a key of
     its own; it streams from the checkpoint (`stream_on_miss`, `publish_in_background`,
-    `prewarm_component(..., representation="fp8")`) into the very bytes a post-load
-    publication writes, with each weight's scale taken over the full tensor.
+    `prewarm_component(..., representation="fp8")`, and at TP > 1 the bundle) into the very
+    bytes a post-load publication writes, with each weight's scale taken over the full tensor.
     """
     del token  # accepted so that a pasted call runs; nothing is downloaded, so it is never used, kept or logged
     tensor_parallel = isinstance(parallel, FinalLayoutParallelIdentity) and parallel.tensor_parallel_size > 1
-    fp8 = check_representation(
-        representation,
-        stream_on_miss=stream_on_miss,
-        publish_in_background=publish_in_background,
-        streams_fp8=not tensor_parallel,
-    )
+    fp8 = check_representation(representation)
     location = ComponentLocation(model_or_path, subfolder, revision, Path(cache_dir) if cache_dir is not None else None)
     if isinstance(parallel, FinalLayoutParallelIdentity) and tensor_parallel:
         _refuse_with_tensor_parallel(variant, from_pretrained_kwargs)
@@ -361,7 +358,7 @@ def prewarm_component(
     `representation="fp8"` streams the FP8 artifact `load_component(..., representation="fp8")`
     hits (diffusers components only, BF16 `torch_dtype`); see `diffusion/producers/fp8_checkpoint.py`.
     """
-    fp8 = check_representation(representation, streams_fp8=True)
+    fp8 = check_representation(representation)
     options = LoadOptions(variant=check_variant(variant), dtype=check_dtype(torch_dtype))
     if fp8:
         check_fp8_dtype(options.dtype)

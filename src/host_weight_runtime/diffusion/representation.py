@@ -27,34 +27,17 @@ REPRESENTATIONS = ("bf16", "fp8")
 """What `load_component(representation=...)` accepts; "bf16" is the default."""
 
 
-def check_representation(
-    representation: object,
-    *,
-    stream_on_miss: bool | None = None,
-    publish_in_background: bool = False,
-    streams_fp8: bool = False,
-) -> bool:
-    """True for "fp8"; a value or combination the FP8 representation cannot serve is a HostWeightUsageError.
+def check_representation(representation: object) -> bool:
+    """True for "fp8", False for "bf16"; any other value is a HostWeightUsageError naming the choices.
 
-    `streams_fp8`: the caller builds FP8 artifacts with `streaming_producer` (the one-component
-    path does); a caller that does not (the tensor-parallel bundle, for now) keeps FP8 after a
-    canonical load and refuses `stream_on_miss` / `publish_in_background` with it.
+    FP8 streams from the checkpoint wherever BF16 does (one component, or a TP bundle), so no
+    load argument is refused with it.
     """
     if representation not in REPRESENTATIONS:
         raise usage_error(
             f"representation must be one of {list(REPRESENTATIONS)}, got {representation!r}", argument="representation"
         )
-    if representation == "bf16":
-        return False
-    refusals = ((stream_on_miss is True, "stream_on_miss"), (publish_in_background, "publish_in_background"))
-    for refused, argument in refusals:
-        if refused and not streams_fp8:
-            raise usage_error(
-                f"representation='fp8' is published after a canonical load only here; drop {argument}=True "
-                "(a tensor-parallel FP8 artifact is not streamed from the checkpoint yet)",
-                argument=argument,
-            )
-    return True
+    return representation == "fp8"
 
 
 def check_fp8_dtype(dtype: torch.dtype) -> None:

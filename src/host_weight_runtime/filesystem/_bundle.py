@@ -6,10 +6,15 @@ once into one staging directory per missing output, then seals and publishes eac
 with the ordinary commit rename. A joiner of any output waits on that output's build
 lock, so it waits for the bundle. A crash before the first rename publishes nothing; a
 crash between renames leaves a subset of complete, sealed artifacts, never a torn one.
+
+Every output it writes records in its manifest the content digest of every output of the
+pass, built now or found published (`bundle_record.py`), so outputs meant to be used
+together (a TP rank's replicated and shard parts) can be checked to hold one build's bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +31,7 @@ from ._layout import DomainLayout
 from ._lookup import ArtifactLookup
 from ._publication import BuildFailedError, Publisher, discard, seal
 from ._staging import as_joined, clear_stale_staging, compose_manifest, new_staging_dir, timed
+from .bundle_record import with_bundle_outputs
 from .capacity import CapacityGuard
 from .locks import FileLock, acquire_lock
 from .writer import StagingArtifactWriter
@@ -110,13 +116,19 @@ class BundleBuilder:
                 lock.release()
 
     def _missing(
-        self, outputs: Sequence[WeightArtifactIdentity], *, validation: ValidationLevel, deadline: float
+        self,
+        outputs: Sequence[WeightArtifactIdentity],
+        present: dict[str, str],
+        *,
+        validation: ValidationLevel,
+        deadline: float,
     ) -> list[WeightArtifactIdentity]:
-        """Outputs without a valid published artifact; an invalid one is quarantined like a single build does."""
+        """Outputs without a valid published artifact (the others' content digests go into `present`)."""
         missing: list[WeightArtifactIdentity] = []
         for output in outputs:
             found = self._lookup.lookup(output, validation=validation, deadline=deadline, source=LeaseSource.JOINED)
             if found.lease is not None:
+                present[output.key] = found.lease.manifest.content_digest
                 found.lease.close()
                 continue
             if found.status is StoreStatus.FAILED:
@@ -136,7 +148,8 @@ class BundleBuilder:
     ) -> StoreResult:
         for output in outputs:
             clear_stale_staging(self._layout, output.key)  # holding every build lock
-        missing = self._missing(outputs, validation=validation, deadline=deadline)
+        digests: dict[str, str] = {}
+        missing = self._missing(outputs, digests, validation=validation, deadline=deadline)
         if identity.key not in {output.key for output in missing}:
             joined = self._lookup.lookup(identity, validation=validation, deadline=deadline, source=LeaseSource.JOINED)
             return as_joined(joined)
@@ -164,10 +177,18 @@ class BundleBuilder:
                 )
             fault_point("bundle.staging_created")
             metadata = self._run(producer, writers)
+            manifests = {
+                key: compose_manifest(
+                    output, metadata[key], writer.finish(), writer.chunk_bytes, writer.digest_algorithm
+                )
+                for key, (output, writer) in writers.items()
+            }
+            digests.update((key, manifest.content_digest) for key, manifest in manifests.items())
             sealed = []
-            for key, (output, writer) in writers.items():
-                files = writer.finish()
-                manifest = compose_manifest(output, metadata[key], files, writer.chunk_bytes, writer.digest_algorithm)
+            for key, (output, _writer) in writers.items():
+                manifest = dataclasses.replace(
+                    manifests[key], format_metadata=with_bundle_outputs(manifests[key].format_metadata, digests)
+                )
                 sealed.append((output, manifest, seal(stagings[key], manifest)))
             result: StoreResult | None = None
             for output, manifest, marker in sealed:

@@ -1,8 +1,12 @@
-"""ARTIFACT_BUNDLE production: every TP rank's artifact from one pass over the checkpoint.
+"""ARTIFACT_BUNDLE production: the replicated part and every TP rank's shard part from one checkpoint pass.
 
-Each owned tensor is read once, in row chunks, and each chunk is cut into every rank's
-rows, columns or (for replicated tensors) copied whole into each rank's writer. The store
-publishes each rank's artifact atomically (filesystem/_bundle.py).
+Each owned tensor is read once, in row chunks. A tensor the plan replicates is written once,
+into the replicated part every rank shares (parts.py); a split tensor's chunks are cut into
+every rank's rows or columns and written into that rank's shard part. The store publishes
+each part atomically (filesystem/_bundle.py) and records, in every part's manifest, the
+content digest of each part of the pass, so a rank's lease can prove its two parts belong
+together. Only the parts the store reports missing are written (a rebuild of one part
+reads only that part's tensors).
 """
 
 from __future__ import annotations
@@ -25,16 +29,33 @@ from ...protocols import (
 )
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..producers._checkpoint import CheckpointFormatError, CheckpointTensor, read_rows, row_chunks
-from ..producers._shards import DEFAULT_SHARD_BYTES, plan_shards, producer_error, production_metadata
+from ..producers._shards import DEFAULT_SHARD_BYTES, producer_error, production_metadata
 from ..producers.checkpoint_stream import DEFAULT_CHUNK_BYTES, FinalLayoutBF16CheckpointProducer
 from ..tensor_layout import FinalLayoutTensor
-from .plan import TensorShard
+from .parts import PartKind, RankParts, part_file_plan, split_rank
+from .plan import TensorShard, plan_error
 
-__all__ = ["FinalLayoutBF16BundleProducer"]
+__all__ = ["FinalLayoutBF16BundleProducer", "bundle_parts"]
+
+
+def bundle_parts(contexts: Sequence[FinalLayoutIdentityContext]) -> tuple[RankParts, ...]:
+    """Every rank's parts; ranks that disagree on the replicated part (another plan, source or size) are refused."""
+    if not contexts:
+        raise ValueError("a bundle needs at least one rank's context")
+    names = [tuple(tensor.name for tensor in context.tensors) for context in contexts]
+    if any(tensors != names[0] for tensors in names):
+        raise ValueError("every rank of a bundle must own the same tensors")
+    parts = tuple(split_rank(context) for context in contexts)
+    if len({part.replicated.identity.key for part in parts}) != 1:
+        raise plan_error(
+            "the ranks of this bundle disagree on their replicated part (another plan, checkpoint or TP size); "
+            "identify every rank from one skeleton and one plan",
+        )
+    return parts
 
 
 class FinalLayoutBF16BundleProducer:
-    """All TP ranks' BF16 final-layout artifacts in one checkpoint pass (ARTIFACT_BUNDLE, PRE_LOAD_SAFE)."""
+    """The replicated part and every TP rank's shard part, BF16, in one checkpoint pass (ARTIFACT_BUNDLE)."""
 
     def __init__(
         self,
@@ -43,21 +64,17 @@ class FinalLayoutBF16BundleProducer:
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
-        if not contexts:
-            raise ValueError("a bundle needs at least one rank's context")
-        names = [tuple(tensor.name for tensor in context.tensors) for context in contexts]
-        if any(tensors != names[0] for tensors in names):
-            raise ValueError("every rank of a bundle must own the same tensors")
-        self._contexts = tuple(contexts)
+        self._parts = bundle_parts(contexts)
         self._shard_bytes = shard_bytes
         self._chunk_bytes = chunk_bytes
+        first = self._parts[0].rank
         self._spec = WeightProductionSpec(
-            producer_id=contexts[0].spec.producer.producer_id,
-            outputs=tuple(context.identity for context in contexts),
+            producer_id=first.spec.producer.producer_id,
+            outputs=(self._parts[0].replicated.identity, *(part.shard.identity for part in self._parts)),
             source_mode=ProductionSourceMode.CHECKPOINT_STREAM,
             lookup_phase=LookupPhase.PRE_LOAD_SAFE,
             coordination_scope=CoordinationScope.ARTIFACT_BUNDLE,
-            digest_algorithm=contexts[0].spec.digest_algorithm,
+            digest_algorithm=first.spec.digest_algorithm,
         )
         self.bytes_read = 0
         """Checkpoint bytes read by the last bundle; tests use it to show each tensor is read once."""
@@ -65,6 +82,11 @@ class FinalLayoutBF16BundleProducer:
     @property
     def spec(self) -> WeightProductionSpec:
         return self._spec
+
+    @property
+    def parts(self) -> tuple[RankParts, ...]:
+        """Every rank's parts, in rank order."""
+        return self._parts
 
     def produce(self, writer: ArtifactWriter) -> ProductionMetadata:
         raise producer_error(
@@ -74,46 +96,69 @@ class FinalLayoutBF16BundleProducer:
         )
 
     def produce_bundle(self, writers: BundleWriter) -> dict[str, ProductionMetadata]:
-        by_key = {context.identity.key: context for context in self._contexts}
-        wanted = [by_key[output.key] for output in writers.outputs if output.key in by_key]
-        if len(wanted) != len(writers.outputs):
+        wanted = {output.key for output in writers.outputs}
+        replicated = self._parts[0].replicated
+        shards = [part.shard for part in self._parts if part.shard.identity.key in wanted]
+        making_replicated = replicated.identity.key in wanted
+        if len(wanted) != len(shards) + making_replicated:
             raise producer_error(FailureCode.PRODUCER_FAILED, "the store asked for an output this bundle does not make")
-        first = wanted[0]
-        checker = FinalLayoutBF16CheckpointProducer(first)
-        first.ensure_sources_unchanged()
-        index = checker._checkpoint_index()
+        rank = self._parts[0].rank
+        rank.ensure_sources_unchanged()
+        index = self._start_pass(rank)
         self.bytes_read = 0
         descriptors: dict[str, int] = {}
+
+        def descriptor(entry: CheckpointTensor) -> int:
+            fd = descriptors.get(str(entry.path))
+            if fd is None:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+                descriptors[str(entry.path)] = fd
+            return fd
+
+        replicated_outputs = [replicated] if making_replicated else []
+        made = replicated_outputs + shards
         try:
-            for file_name, group in plan_shards(first.tensors, self._shard_bytes):
-                files = [
-                    writers.writer_for(context.identity).open_tensor_file(
-                        file_name, tuple(t.write_spec() for t in group), ordered=True
-                    )
-                    for context in wanted
-                ]
-                by_name = {tensor.name: tensor for tensor in group}
-                order = getattr(files[0], "layout", tuple(t.write_spec() for t in group))
-                for spec in order:
-                    tensor = by_name[spec.name]
-                    entry = index[tensor.name]
-                    fd = descriptors.get(str(entry.path))
-                    if fd is None:
-                        fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
-                        descriptors[str(entry.path)] = fd
-                    self._write_everywhere(tensor, entry, fd, wanted, files)
-                for file_writer in files:
-                    file_writer.close()
+            for kind, contexts in ((PartKind.REPLICATED, replicated_outputs), (PartKind.SHARD, shards)):
+                if not contexts:
+                    continue
+                for file_name, group in part_file_plan(contexts[0].tensors, self._shard_bytes, kind):
+                    files = [
+                        writers.writer_for(context.identity).open_tensor_file(
+                            file_name, tuple(t.write_spec() for t in group), ordered=True
+                        )
+                        for context in contexts
+                    ]
+                    by_name = {tensor.name: tensor for tensor in group}
+                    for spec in getattr(files[0], "layout", tuple(t.write_spec() for t in group)):
+                        entry = index[spec.name]
+                        self._write_everywhere(by_name[spec.name], entry, descriptor(entry), contexts, files)
+                    for file_writer in files:
+                        file_writer.close()
         except CheckpointFormatError as exc:
             raise producer_error(FailureCode.PRODUCER_FAILED, str(exc)) from exc
         finally:
             for fd in descriptors.values():
                 os.close(fd)
-        first.ensure_sources_unchanged()
+        rank.ensure_sources_unchanged()
         return {
             context.identity.key: production_metadata(context, ProductionSourceMode.CHECKPOINT_STREAM.value)
-            for context in wanted
+            for context in made
         }
+
+    def _start_pass(self, rank: FinalLayoutIdentityContext) -> dict[str, CheckpointTensor]:
+        """Owned name -> the checkpoint tensor it is read from, for one bundle pass over `rank`'s layout."""
+        return FinalLayoutBF16CheckpointProducer(rank).checkpoint_index()
+
+    @staticmethod
+    def _final(rows: torch.Tensor, tensor: FinalLayoutTensor) -> torch.Tensor:
+        """The one place a chunk of checkpoint rows becomes the representation's bytes (a cast for BF16)."""
+        return rows.to(tensor.dtype)
+
+    def _final_rows(
+        self, rows: torch.Tensor, tensor: FinalLayoutTensor, fd: int, entry: CheckpointTensor
+    ) -> torch.Tensor:
+        """Full checkpoint rows of `tensor` in the representation's bytes; the FP8 bundle reads the entry's scale."""
+        return self._final(rows, tensor)
 
     def _write_everywhere(
         self,
@@ -123,7 +168,7 @@ class FinalLayoutBF16BundleProducer:
         contexts: Sequence[FinalLayoutIdentityContext],
         files: Sequence[TensorFileWriter],
     ) -> None:
-        """Read `tensor` once and hand every rank its part of each chunk."""
+        """Read `tensor` once and hand every part being written its share of each chunk."""
         shards = [context.tensor_shards.get(tensor.name) for context in contexts]
         expected = entry.shape if shards[0] is None else shards[0].local_shape(entry.shape)
         if expected != tensor.shape:
@@ -136,13 +181,13 @@ class FinalLayoutBF16BundleProducer:
         if tensor.nbytes == 0:
             return
         if not tensor.shape:
-            value = read_rows(fd, entry, 0, 0).to(tensor.dtype)
+            value = self._final_rows(read_rows(fd, entry, 0, 0), tensor, fd, entry)
             self.bytes_read += entry.end - entry.begin
             for file_writer in files:
                 file_writer.write_tensor(tensor.name, value)
             return
         for start, stop in row_chunks(entry, self._chunk_bytes):
-            rows = read_rows(fd, entry, start, stop).to(tensor.dtype)
+            rows = self._final_rows(read_rows(fd, entry, start, stop), tensor, fd, entry)
             self.bytes_read += (stop - start) * entry.row_bytes
             for shard, file_writer in zip(shards, files, strict=True):
                 _write_part(file_writer, tensor.name, rows, (start, stop), shard)

@@ -62,10 +62,9 @@ class TorchCohort:
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
 
-    def exchange(self, step: str, status: CohortStatus, code: FailureCode | None = None) -> tuple[RankReport, ...]:
-        """Every rank's report for `step`; a dead or silent peer is a typed LOCK_TIMEOUT on this rank."""
-        mine = torch.tensor([int(status), -1 if code is None else _CODES.index(code)], dtype=torch.int64)
-        gathered = [torch.zeros(2, dtype=torch.int64) for _ in range(self.size)]
+    def _gather(self, step: str, mine: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's `mine` (same shape on all ranks); a dead or silent peer is a typed LOCK_TIMEOUT."""
+        gathered = [torch.zeros_like(mine) for _ in range(self.size)]
         try:
             work = self._dist.all_gather(gathered, mine, group=self._group, async_op=True)
             if work is None or not work.wait(timeout=self._timeout):
@@ -76,10 +75,38 @@ class TorchCohort:
                 f"(a rank died or stopped answering: {exc}); restart the group",
                 step=step,
             ) from exc
+        return gathered
+
+    def exchange(self, step: str, status: CohortStatus, code: FailureCode | None = None) -> tuple[RankReport, ...]:
+        """Every rank's report for `step`; a dead or silent peer is a typed LOCK_TIMEOUT on this rank."""
+        mine = torch.tensor([int(status), -1 if code is None else _CODES.index(code)], dtype=torch.int64)
+        gathered = self._gather(step, mine)
         return tuple(
             RankReport(rank, CohortStatus(int(row[0])), None if int(row[1]) < 0 else _CODES[int(row[1])])
             for rank, row in enumerate(gathered)
         )
+
+    def agree(self, step: str, key: str) -> None:
+        """Every rank must name the same 64-hex-digit `key`; else every rank raises INVALID_CONFIGURATION.
+
+        Runs before any rank reads or writes the store, so ranks built from different plans,
+        checkpoints or representations fail together instead of combining their layouts.
+        """
+        mine = torch.tensor(
+            [int.from_bytes(bytes.fromhex(key[start : start + 16]), "big", signed=True) for start in range(0, 64, 16)],
+            dtype=torch.int64,
+        )
+        gathered = self._gather(step, mine)
+        differing = [rank for rank, row in enumerate(gathered) if not torch.equal(row, mine)]
+        if differing:
+            raise cohort_failure(
+                f"ranks {differing} of the group name another tensor-parallel layout at step {step!r} than rank "
+                f"{self.rank} (a different plan or plan version, checkpoint, representation or TP size); every rank "
+                "must load the same model with the same plan",
+                code=FailureCode.INVALID_CONFIGURATION,
+                step=step,
+                differing_ranks=differing,
+            )
 
     @staticmethod
     def raise_if_any_failed(step: str, reports: tuple[RankReport, ...]) -> None:

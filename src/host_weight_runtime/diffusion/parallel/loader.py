@@ -1,10 +1,16 @@
 """`load_component` for one tensor-parallel rank (TP > 1), with or without a group cohort.
 
-Without a process group each rank resolves its own artifact independently. With one, the
-group decides together (GROUP_COHORT): every rank hit -> all restore; any rank failed ->
-all raise that typed failure; otherwise one bundle build (when streaming is allowed) or
-the same canonical fallback on every rank (PREFERRED), or a typed failure on every rank
-(REQUIRED). The result is always a parallelized model (DTensor on the group's mesh).
+A rank's weights are two artifacts (parts.py): the replicated part, one per node for every
+rank, and the rank's shard part; a rank "hits" when both are found and belong to one build
+(rank_lease.py). Without a process group each rank resolves its parts independently; a
+build is the whole bundle (every missing part, one pass), so ranks that start together
+build once and join. With a group, the ranks first agree on the layout (the replicated
+part's key: plan, checkpoint, representation and TP size), then decide together
+(GROUP_COHORT): every rank hit -> all restore; any rank failed -> all raise that typed
+failure; otherwise one bundle build (when streaming is allowed) or the same canonical
+fallback on every rank (PREFERRED), or a typed failure on every rank (REQUIRED). A part
+found without its sibling is rebuilt by the bundle or, after a canonical load, published
+again. The result is always a parallelized model (DTensor on the group's mesh).
 """
 
 from __future__ import annotations
@@ -18,26 +24,28 @@ from typing import Any
 from ...config import RuntimeMode
 from ...failures import FailureCode, HostWeightError, usage_error
 from ...lease import HostWeightLease
-from ...outcomes import HostWeightResolution, ResolutionOutcome
 from ...runtime import HostWeightRuntime
 from .._load_options import LoadOptions
 from ..canonical_step import load_canonical_for
 from ..component_source import ComponentLocation, node_digest_cache
-from ..contracts import FINAL_LAYOUT_BF16_POLICY, FinalLayoutParallelIdentity, FinalLayoutTensorPolicy
+from ..contracts import FinalLayoutParallelIdentity, FinalLayoutTensorPolicy
 from ..dtype_policies import ModelFamilyName
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..load_runtime import required_runtime, runtime_for_load
 from ..loaded import LoadedComponent
-from ..producers.checkpoint_stream import FinalLayoutBF16CheckpointProducer
-from ..publish_step import publish_after_canonical_load, require_safetensors
+from ..publish_step import require_safetensors
 from ..reports import ComponentLoadPath, PrewarmResult
 from ..representation import check_representation, quantize_model_fp8, tensor_policy
 from ..restore_step import restore_into_skeleton
 from ..skeleton import ComponentSkeleton, prepare_skeleton
 from .apply import parallelize_localized
-from .bundle import FinalLayoutBF16BundleProducer
+from .bundle import bundle_parts
 from .cohort import CohortStatus, TorchCohort, cohort_failure
+from .fp8_bundle import bundle_producer
+from .part_publish import publish_parts_after_load
+from .parts import RankParts
 from .plan import TensorParallelPlan, localize_module, plan_for_model, resolve_tensor_shards
+from .rank_lease import PartsResolution, resolve_parts
 from .ranks import identify_ranks
 
 __all__ = ["load_tensor_parallel_component", "prewarm_tensor_parallel"]
@@ -63,36 +71,33 @@ class _RankLoad:
 
     skeleton: ComponentSkeleton
     contexts: tuple[FinalLayoutIdentityContext, ...]
-    rank: int
+    parts: RankParts
     plan: TensorParallelPlan
     mesh: Any
     runtime: HostWeightRuntime
     fp8: bool
-    grouped: bool
     started: float
 
     @property
+    def rank(self) -> int:
+        return self.parts.rank_index
+
+    @property
     def context(self) -> FinalLayoutIdentityContext:
-        return self.contexts[self.rank]
+        return self.parts.rank
 
-    def lookup(self) -> HostWeightResolution:
-        """The rank's artifact, looked up in PREFERRED mode: a miss is a report, never raised."""
-        lookup_runtime = HostWeightRuntime(replace(self.runtime.config, mode=RuntimeMode.PREFERRED))
-        return lookup_runtime.resolve(self.context.identity, None)
+    def lookup(self) -> PartsResolution:
+        """The rank's two parts, looked up in PREFERRED mode: a miss is a report, never raised."""
+        return resolve_parts(HostWeightRuntime(replace(self.runtime.config, mode=RuntimeMode.PREFERRED)), self.parts)
 
-    def build(self) -> HostWeightResolution:
-        """The rank's artifact streamed from the checkpoint: the whole group's bundle when grouped."""
+    def build(self) -> PartsResolution:
+        """The rank's parts streamed from the checkpoint: the bundle writes every missing part of every rank."""
         build_runtime = HostWeightRuntime(
             replace(self.runtime.config, mode=RuntimeMode.REQUIRED, allow_local_build=True)
         )
-        producer = (
-            FinalLayoutBF16BundleProducer(self.contexts)
-            if self.grouped
-            else FinalLayoutBF16CheckpointProducer(self.context)
-        )
-        return build_runtime.resolve(self.context.identity, producer)
+        return resolve_parts(build_runtime, self.parts, bundle_producer(self.contexts))
 
-    def restore(self, lease: HostWeightLease, resolution: HostWeightResolution) -> LoadedComponent:
+    def restore(self, lease: HostWeightLease, resolution: PartsResolution) -> LoadedComponent:
         model = restore_into_skeleton(self.skeleton, self.context, lease, fp8=self.fp8)
         parallelize_localized(model, self.plan, self.mesh)
         return LoadedComponent(
@@ -100,29 +105,27 @@ class _RankLoad:
             ComponentLoadPath.ARTIFACT,
             elapsed_s=time.monotonic() - self.started,
             domain_root=self.runtime.config.resolved_root,
-            identity_key=self.context.identity.key,
-            resolution=resolution.report,
+            identity_key=self.parts.shard.identity.key,
+            resolution=resolution.shard.report,
             lease=lease,
         )
 
-    def canonical(self, resolution: HostWeightResolution, *, publish: bool) -> LoadedComponent:
+    def canonical(self, resolution: PartsResolution, *, publish: bool) -> LoadedComponent:
         # FP8 is quantized whole (one scale per full tensor), then cut: each shard is a slice of the TP=1 bytes.
         model = load_canonical_for(self.skeleton, fp8=self.fp8)
         size = self.skeleton.request.parallel.tensor_parallel_size
         localize_module(model, resolve_tensor_shards(model, self.plan, size, self.rank))
         publication = None
         if publish:
-            publication = publish_after_canonical_load(
-                self.runtime, self.context, self.skeleton.component_name, model, fp8=self.fp8
-            )
+            publication = publish_parts_after_load(self.runtime, self.parts, self.skeleton.component_name, model)
         parallelize_localized(model, self.plan, self.mesh)
         return LoadedComponent(
             model,
             ComponentLoadPath.CANONICAL,
             elapsed_s=time.monotonic() - self.started,
             domain_root=self.runtime.config.resolved_root,
-            identity_key=self.context.identity.key,
-            resolution=resolution.report,
+            identity_key=self.parts.shard.identity.key,
+            resolution=resolution.shard.report,
             publication=publication,
         )
 
@@ -149,9 +152,10 @@ def load_tensor_parallel_component(
     """One rank's parallelized component; see the module docstring for the group decision.
 
     With `representation="fp8"` every rank serves FP8Linear shards quantized with the full
-    tensor's scale; FP8 artifacts are published after a canonical load (no bundle build).
+    tensor's scale; the FP8 bundle streams them from the checkpoint as the BF16 bundle does, and
+    a canonical load publishes the same bytes after it.
     """
-    fp8 = check_representation(representation, stream_on_miss=stream_on_miss)
+    fp8 = check_representation(representation)
     started = time.monotonic()
     size, rank = parallel.tensor_parallel_size, parallel.tensor_parallel_rank
     mesh = _mesh(process_group, size)
@@ -161,17 +165,18 @@ def load_tensor_parallel_component(
     cohort = TorchCohort(process_group, timeout_s=runtime.config.lock_timeout_s) if process_group is not None else None
     if cohort is not None and cohort.rank != rank:
         raise ValueError(f"tensor_parallel_rank {rank} is rank {cohort.rank} of the process group; they must match")
-    stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED and not fp8
+    stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
     skeleton = prepare_skeleton(location, LoadOptions(), parallel)
     _require_diffusers(skeleton)
     plan = plan_for_model(skeleton.model)  # on the plain skeleton: a registered plan keys on its class
     if fp8:
         quantize_model_fp8(skeleton.model)
     contexts = _identify_every_rank(skeleton, runtime, tensor_policy(fp8), plan)
-    load = _RankLoad(skeleton, contexts, rank, plan, mesh, runtime, fp8, cohort is not None, started)
+    load = _RankLoad(skeleton, contexts, bundle_parts(contexts)[rank], plan, mesh, runtime, fp8, started)
     stream = stream and skeleton.source.use_safetensors
     if cohort is None:
         return _load_alone(load, stream=stream)
+    cohort.agree("layout", load.parts.replicated.identity.key)
     return _load_with_cohort(load, cohort, stream=stream)
 
 
@@ -180,25 +185,23 @@ def _load_alone(load: _RankLoad, *, stream: bool) -> LoadedComponent:
     resolution = load.lookup()
     if resolution.lease is not None:
         return load.restore(resolution.lease, resolution)
-    if stream:
+    if stream and not resolution.failed:
         resolution = load.build()
         if resolution.lease is not None:
             return load.restore(resolution.lease, resolution)
     if load.runtime.config.mode is RuntimeMode.REQUIRED:
-        if resolution.report.failure is not None:
-            raise HostWeightError(resolution.report.failure)
-        raise _missing(load.rank)
-    return load.canonical(resolution, publish=True)
+        if resolution.failure is not None:
+            raise HostWeightError(resolution.failure)
+        raise _missing(load.rank, resolution.missing_parts)
+    return load.canonical(resolution, publish=not resolution.failed)
 
 
 def _load_with_cohort(load: _RankLoad, cohort: TorchCohort, *, stream: bool) -> LoadedComponent:
     """With a process group: every rank takes the same path, decided from what each rank found (GROUP_COHORT)."""
     required = load.runtime.config.mode is RuntimeMode.REQUIRED
     resolution = load.lookup()
-    failed = resolution.report.failure
-    reports = cohort.exchange(
-        "lookup", _status(resolution.outcome, resolution.lease), None if failed is None else failed.code
-    )
+    failed = resolution.failure
+    reports = cohort.exchange("lookup", _status(resolution), None if failed is None else failed.code)
     cohort.raise_if_any_failed("lookup", reports)
     if all(report.status is CohortStatus.HIT for report in reports):
         assert resolution.lease is not None
@@ -208,8 +211,8 @@ def _load_with_cohort(load: _RankLoad, cohort: TorchCohort, *, stream: bool) -> 
     if stream:
         try:
             resolution = load.build()
-            built = _status(resolution.outcome, resolution.lease)
-            code = resolution.report.failure.code if resolution.report.failure is not None else None
+            built = _status(resolution)
+            code = resolution.failure.code if resolution.failure is not None else None
         except HostWeightError as exc:
             built, code = CohortStatus.FAILED, exc.failure.code
         reports = cohort.exchange("build", built if built is not CohortStatus.MISS else CohortStatus.FAILED, code)
@@ -240,14 +243,19 @@ def prewarm_tensor_parallel(
     revision: str | None = None,
     runtime: HostWeightRuntime | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    representation: str = "bf16",
 ) -> tuple[PrewarmResult, ...]:
-    """Build (or find) every TP rank's BF16 artifact in one pass over the checkpoint (ARTIFACT_BUNDLE).
+    """Build (or find) the replicated part and every TP rank's shard part in one checkpoint pass (ARTIFACT_BUNDLE).
 
     Needs no process group: a node operator runs it once before the ranks start, and each
-    rank's `load_component(..., parallel=...)` then hits. Returns one result per rank, in
-    rank order. Runs in REQUIRED mode with local builds allowed, like `prewarm_component`:
-    a failure raises `HostWeightError`; a bad argument raises `HostWeightUsageError`.
+    rank's `load_component(..., parallel=...)` then hits. Returns the replicated part's result
+    first, then one per rank's shard part, in rank order. Runs in REQUIRED mode with local
+    builds allowed, like `prewarm_component`: a failure raises `HostWeightError`; a bad
+    argument raises `HostWeightUsageError`. `representation="fp8"` builds the FP8 parts that
+    `load_component(..., parallel=..., representation="fp8")` hits (each weight's scale taken
+    over the full tensor, so every rank holds the slice of the TP=1 quantization).
     """
+    fp8 = check_representation(representation)
     if type(tensor_parallel_size) is not int or tensor_parallel_size < 2:
         raise ValueError(f"tensor_parallel_size must be an int >= 2, got {tensor_parallel_size!r}")
     required = runtime_for_load(required_runtime(runtime if runtime is not None else HostWeightRuntime.from_env()))
@@ -257,21 +265,24 @@ def prewarm_tensor_parallel(
     )
     _require_diffusers(skeleton)
     require_safetensors(skeleton, "a bundle", "Load each rank once with load_component")
-    contexts = _identify_every_rank(skeleton, required, FINAL_LAYOUT_BF16_POLICY, plan_for_model(skeleton.model))
-    producer = FinalLayoutBF16BundleProducer(contexts)
+    plan = plan_for_model(skeleton.model)  # on the plain skeleton: a registered plan keys on its class
+    if fp8:
+        quantize_model_fp8(skeleton.model)
+    producer = bundle_producer(_identify_every_rank(skeleton, required, tensor_policy(fp8), plan))
     results: list[PrewarmResult] = []
-    for context in contexts:  # the first resolve builds every missing rank; the others then hit
-        resolution = required.resolve(context.identity, producer)
+    for part in (producer.parts[0].replicated, *(part.shard for part in producer.parts)):
+        # the first resolve's bundle builds every missing part; the others then hit
+        resolution = required.resolve(part.identity, producer)
         if resolution.lease is None:
             assert resolution.report.failure is not None
             raise HostWeightError(resolution.report.failure)
         resolution.lease.close()
         results.append(
             PrewarmResult(
-                identity_key=context.identity.key,
+                identity_key=part.identity.key,
                 resolution=resolution.report,
-                total_bytes=context.total_bytes,
-                tensor_count=len(context.tensors),
+                total_bytes=part.total_bytes,
+                tensor_count=len(part.tensors),
             )
         )
     return tuple(results)
@@ -294,11 +305,16 @@ def _identify_every_rank(
     )
 
 
-def _status(outcome: ResolutionOutcome, lease: HostWeightLease | None) -> CohortStatus:
-    if lease is not None:
+def _status(resolution: PartsResolution) -> CohortStatus:
+    if resolution.lease is not None:
         return CohortStatus.HIT
-    return CohortStatus.FAILED if outcome is ResolutionOutcome.FAILED else CohortStatus.MISS
+    return CohortStatus.FAILED if resolution.failed else CohortStatus.MISS
 
 
-def _missing(rank: int) -> HostWeightError:
-    return cohort_failure(f"rank {rank} has no artifact", code=FailureCode.NOT_FOUND)
+def _missing(rank: int, parts: tuple[str, ...]) -> HostWeightError:
+    return cohort_failure(
+        f"rank {rank} has no artifact for its {' and '.join(parts) or 'layout'} part(s); REQUIRED mode without a "
+        "build cannot serve it: prewarm the node (prewarm_tensor_parallel) or allow stream_on_miss",
+        code=FailureCode.NOT_FOUND,
+        missing_parts=list(parts),
+    )

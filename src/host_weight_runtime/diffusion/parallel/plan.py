@@ -219,10 +219,17 @@ def resolve_tensor_shards(
     shards: dict[str, TensorShard] = {}
     split_parents: set[str] = set()
     for name, module in model.named_modules():
-        rule = plan.rule_for(name) if name else None
-        if rule is None:
+        matching = [rule for rule in plan.rules if rule.matches(name)] if name else []
+        if len(matching) > 1:
+            raise plan_error(
+                f"tensor-parallel plan {plan.name!r} names {name} in {len(matching)} rules "
+                f"({[rule.pattern for rule in matching]}); each Linear is split one way or replicated, never both: "
+                "keep one rule for it",
+                module=name,
+            )
+        if not matching:
             continue
-        shards.update(_linear_shards(name, module, rule, size, rank))
+        shards.update(_linear_shards(name, module, matching[0], size, rank))
         split_parents.update(name.rsplit(".", index)[0] for index in range(1, name.count(".") + 1))
     if not shards:
         raise plan_error(

@@ -68,7 +68,7 @@ class FinalLayoutBF16CheckpointProducer:
     def spec(self) -> WeightProductionSpec:
         return self._spec
 
-    def _checkpoint_index(self) -> dict[str, CheckpointTensor]:
+    def checkpoint_index(self) -> dict[str, CheckpointTensor]:
         """DiT tensor name -> where its bytes are in the checkpoint; every owned tensor must be found."""
         context = self._context
         by_source: dict[int, dict[str, CheckpointTensor]] = {}
@@ -111,7 +111,7 @@ class FinalLayoutBF16CheckpointProducer:
     def produce(self, writer: ArtifactWriter) -> ProductionMetadata:
         context = self._context
         context.ensure_sources_unchanged()
-        index = self._checkpoint_index()
+        index = self.checkpoint_index()
         for tensor in context.tensors:
             entry = index[tensor.name]
             final = streamed_final_dtype(

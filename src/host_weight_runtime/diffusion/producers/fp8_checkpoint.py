@@ -94,9 +94,7 @@ class FinalLayoutFP8CheckpointProducer:
     def produce(self, writer: ArtifactWriter) -> ProductionMetadata:
         context = self._context
         context.ensure_sources_unchanged()
-        index = self._checkpoint_index()
-        for tensor in context.tensors:
-            self._check(tensor, index[tensor.name])
+        index = self.checked_index()
         descriptors: dict[str, int] = {}
 
         def write_one(file_writer: TensorFileWriter, tensor: FinalLayoutTensor) -> None:
@@ -118,6 +116,14 @@ class FinalLayoutFP8CheckpointProducer:
                 os.close(fd)
         context.ensure_sources_unchanged()
         return production_metadata(context, ProductionSourceMode.CHECKPOINT_STREAM.value)
+
+    def checked_index(self) -> dict[str, CheckpointTensor]:
+        """Owned name -> the checkpoint tensor it is made from (a scale: its weight's), every one checked to make
+        the owned tensor (typed PRODUCER_FAILED / PRODUCER_UNSUPPORTED) before anything is written."""
+        index = self._checkpoint_index()
+        for tensor in self._context.tensors:
+            self._check(tensor, index[tensor.name])
+        return index
 
     def _write_tensor(
         self, file_writer: TensorFileWriter, tensor: FinalLayoutTensor, entry: CheckpointTensor, fd: int

@@ -242,6 +242,10 @@ def _verification_lines(section: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _times(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def _tensor_parallel_lines(tensor_parallel: dict[str, Any] | None) -> list[str]:
     """Per TP size: bundle build vs TP=1 publication, warm time to ready per rank and per group, replica PSS."""
     if not tensor_parallel:
@@ -258,17 +262,17 @@ def _tensor_parallel_lines(tensor_parallel: dict[str, Any] | None) -> list[str]:
         "in all)",
         "",
         "| TP | bundle build ms | x TP=1 publication | bytes written x TP=1 | per-rank warm time to ready ms "
-        f"| group ready ms | {replicas} replicas: weights PSS / sum of shards MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| group ready ms | N ranks: weights PSS x TP=1 | {replicas} replicas x N ranks: weights PSS x TP=1 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for size, entry in tensor_parallel["sizes"].items():
         bundle = entry["bundle_s"]
         build_ratio = "n/a" if entry["bundle_vs_tp1"] is None else f"{entry['bundle_vs_tp1']:.2f}"
         lines.append(
             f"| {size} | {_ms({k: bundle[k] * 1000 for k in ('median', 'min', 'max')})} | {build_ratio} | "
-            f"{entry['bundle_bytes_vs_tp1']:.2f} | {_ms(entry['rank_time_to_ready_ms'])} | "
-            f"{_ms(entry['group_time_to_ready_ms'])} | {_mib(entry['weights_pss_sum_bytes'])} / "
-            f"{entry['shard_bytes'] / MIB:.0f} |"
+            f"{entry['bundle_bytes_vs_tp1']:.3f} | {_ms(entry['rank_time_to_ready_ms'])} | "
+            f"{_ms(entry['group_time_to_ready_ms'])} | {_times(entry['one_replica_pss_vs_tp1'])} | "
+            f"{_times(entry['weights_pss_vs_tp1'])} |"
         )
     for size, why in tensor_parallel.get("unavailable", {}).items():
         lines += ["", f"TP={size}: not measured ({why})"]

@@ -1,13 +1,14 @@
-"""Tensor-parallel rows: bundle build vs TP=1 publication, per-rank warm time to ready, PSS of 2 replicas.
+"""Tensor-parallel rows: bundle build and bytes vs TP=1 publication, per-rank warm time to ready, weights' PSS.
 
 Builds run in this process on fresh `/dev/shm` domains, alternating which goes first: the
 TP=1 streaming publication (`prewarm_component`) and the TP=N bundle
-(`prewarm_tensor_parallel`: every rank's artifact from one pass over the checkpoint). The
-warm rows are real gloo groups: per run, 2 replicas x N fresh worker processes on one
-prewarmed domain; replica 0's ranks load together (and are timed), then replica 1's, both
-hold their models while every worker's PSS is read. Two replicas of rank r should account
-for about one copy of rank r's shard artifact, so the weights' PSS sum is compared with the
-sum of the N shard artifacts.
+(`prewarm_tensor_parallel`: the replicated part and every rank's shard part from one pass
+over the checkpoint); the bytes written are the payload files each leaves in its domain.
+The warm rows are real gloo groups: per run, 2 replicas x N fresh worker processes on one
+prewarmed domain; replica 0's ranks load together (and are timed) and their weights' PSS is
+read, then replica 1's, and the PSS of all 2 x N is read while every worker holds its model.
+The node should hold one copy of the model whatever the TP size and the number of
+replicas, so both PSS sums are compared with the TP=1 artifact's bytes.
 """
 
 from __future__ import annotations
@@ -56,18 +57,24 @@ def _runtime(root: Path) -> HostWeightRuntime:
     return HostWeightRuntime(config)
 
 
+def _payload_bytes(root: Path) -> int:
+    """Bytes of every payload file published under the domain `root` (what a build wrote for the node to keep)."""
+    return sum(path.stat().st_size for path in (root / "artifacts").rglob("*.safetensors"))
+
+
 def _build(setup: TensorParallelSetup, size: int, root: Path) -> tuple[float, int]:
-    """(seconds, artifact bytes written) to publish the TP=1 artifact (size 1) or the TP=`size` bundle on the
+    """(seconds, payload bytes written) to publish the TP=1 artifact (size 1) or the TP=`size` bundle on the
     empty domain `root`."""
     started = time.perf_counter()
     try:
         if size == 1:
-            single = prewarm_component(setup.pipeline, subfolder=setup.subfolder, runtime=_runtime(root))
-            return time.perf_counter() - started, single.total_bytes
-        ranks = prewarm_tensor_parallel(
-            setup.pipeline, tensor_parallel_size=size, subfolder=setup.subfolder, runtime=_runtime(root)
-        )
-        return time.perf_counter() - started, sum(result.total_bytes for result in ranks)
+            prewarm_component(setup.pipeline, subfolder=setup.subfolder, runtime=_runtime(root))
+        else:
+            prewarm_tensor_parallel(
+                setup.pipeline, tensor_parallel_size=size, subfolder=setup.subfolder, runtime=_runtime(root)
+            )
+        seconds = time.perf_counter() - started
+        return seconds, _payload_bytes(root)
     finally:
         remove_tree(root)
 
@@ -77,8 +84,8 @@ def _bundle_builds(
 ) -> tuple[dict[str, JsonValue], dict[int, dict[str, Any]]]:
     """The TP=1 publication and each TP=N bundle, each run on fresh domains, rotating which goes first.
 
-    Every rank holds its own copy of the replicated tensors, so a bundle writes more than one TP=1
-    artifact; `per_byte_vs_tp1` sets the time ratio against that byte ratio.
+    A bundle writes the replicated tensors once and each rank's slices, so about the TP=1 artifact's
+    bytes; `per_byte_vs_tp1` sets the time ratio against that byte ratio.
     """
     samples: dict[int, list[float]] = {size: [] for size in (1, *sizes)}
     written: dict[int, int] = {}
@@ -127,12 +134,18 @@ def _group_specs(setup: TensorParallelSetup, root: Path, size: int, run: int) ->
 
 
 def _measure_size(
-    setup: TensorParallelSetup, size: int, results: Sequence[PrewarmResult], runs: int, say: Callable[[str], None]
+    setup: TensorParallelSetup,
+    size: int,
+    results: Sequence[PrewarmResult],
+    *,
+    tp1_bytes: int,
+    runs: int,
+    say: Callable[[str], None],
 ) -> dict[str, Any]:
     root = _group_root(setup, size)
-    shards = sum(result.total_bytes for result in results)
     per_rank: list[float] = []
     group_ready: list[float] = []
+    one_replica: list[float] = []
     weights: list[float] = []
     outcomes: set[str] = set()
     try:
@@ -147,10 +160,12 @@ def _measure_size(
                     replica_rows, _wall_ms = batch.go(indices)
                     rows.extend(replica_rows)
                     group_ready.append(max(float(row["time_to_ready_ms"]) for row in replica_rows))
+                    if replica == 0:
+                        one_replica.append(float(sum(_weights_pss(row) for row in replica_rows)))
                 everyone = list(range(len(specs)))
-                # The PSS of the memory holding each rank's weights (its artifact's mappings), read while every
+                # The PSS of the memory holding each rank's weights (its parts' mappings), read while every
                 # replica holds them: the process's whole growth would count its torch.distributed set-up too.
-                weights_now = [weights_pss(row["weight_spans"], row["pid"]) for row in rows]
+                weights_now = [_weights_pss(row) for row in rows]
                 batch.release(everyone)
             finally:
                 batch.close()
@@ -159,17 +174,24 @@ def _measure_size(
             weights.append(float(sum(weights_now)))
     finally:
         remove_tree(root)
-    weights_stats = Stats.of(weights)
+    one_stats, weights_stats = Stats.of(one_replica), Stats.of(weights)
     return {
-        "shard_bytes": shards,
-        "rank_artifact_bytes": [result.total_bytes for result in results],
+        "replicated_bytes": results[0].total_bytes,
+        "shard_bytes": sum(result.total_bytes for result in results[1:]),
+        "rank_shard_bytes": [result.total_bytes for result in results[1:]],
         "rank_time_to_ready_ms": Stats.of(per_rank).to_dict(),
         "group_time_to_ready_ms": Stats.of(group_ready).to_dict(),
         "replicas": REPLICAS,
+        "one_replica_weights_pss_bytes": one_stats.to_dict(),
+        "one_replica_pss_vs_tp1": ratio(one_stats.median, float(tp1_bytes)),
         "weights_pss_sum_bytes": weights_stats.to_dict(),
-        "weights_pss_vs_shards": ratio(weights_stats.median, float(shards)),
+        "weights_pss_vs_tp1": ratio(weights_stats.median, float(tp1_bytes)),
         "outcomes": sorted(outcomes),
     }
+
+
+def _weights_pss(row: dict[str, Any]) -> int:
+    return weights_pss(row["weight_spans"], row["pid"])
 
 
 def measure_tensor_parallel(
@@ -179,8 +201,8 @@ def measure_tensor_parallel(
     runs: int,
     say: Callable[[str], None],
 ) -> dict[str, JsonValue]:
-    """Per TP size: bundle build vs TP=1 publication, per-rank and whole-group warm time to ready, and the
-    weights' PSS of 2 replicas x N ranks next to the sum of the N shard artifacts."""
+    """Per TP size: bundle build and bytes vs TP=1 publication, per-rank and whole-group warm time to ready,
+    and the weights' PSS of N ranks of one replica and of 2 replicas x N ranks next to the TP=1 artifact."""
     started = time.perf_counter()
     published: dict[int, tuple[PrewarmResult, ...]] = {}
     unavailable: dict[str, JsonValue] = {}
@@ -201,8 +223,13 @@ def measure_tensor_parallel(
     if not supported:
         return {"replicas": REPLICAS, "tp1_publication": None, "sizes": {}, "unavailable": unavailable}
     single, builds = _bundle_builds(setup, supported, runs, say)
+    tp1_bytes = single["artifact_bytes"]
+    assert isinstance(tp1_bytes, int)
     measured: dict[str, JsonValue] = {
-        str(size): {**builds[size], **_measure_size(setup, size, published[size], runs, say)}
+        str(size): {
+            **builds[size],
+            **_measure_size(setup, size, published[size], tp1_bytes=tp1_bytes, runs=runs, say=say),
+        }
         for size in supported
     }
     return {
