@@ -168,8 +168,7 @@ def test_parts_of_two_builds_are_never_combined(tmp_path: Path, flux: Folder) ->
     target = replicated.tensors[0].name
 
     class OtherBytes(FinalLayoutBF16BundleProducer):
-        @staticmethod
-        def _final(rows: torch.Tensor, tensor: FinalLayoutTensor) -> torch.Tensor:
+        def _final(self, rows: torch.Tensor, tensor: FinalLayoutTensor) -> torch.Tensor:
             final = rows.to(tensor.dtype)
             return final + 1 if tensor.name == target else final
 

@@ -28,7 +28,14 @@ from ...protocols import (
     WeightProductionSpec,
 )
 from ..identity_adapter import FinalLayoutIdentityContext
-from ..producers._checkpoint import CheckpointFormatError, CheckpointTensor, read_rows, row_chunks
+from ..producers._checkpoint import (
+    CheckpointFormatError,
+    CheckpointTensor,
+    ScratchBuffer,
+    mapped_rows,
+    read_rows,
+    row_chunks,
+)
 from ..producers._shards import DEFAULT_SHARD_BYTES, producer_error, production_metadata
 from ..producers.checkpoint_stream import DEFAULT_CHUNK_BYTES, FinalLayoutBF16CheckpointProducer
 from ..tensor_layout import FinalLayoutTensor
@@ -78,6 +85,7 @@ class FinalLayoutBF16BundleProducer:
         )
         self.bytes_read = 0
         """Checkpoint bytes read by the last bundle; tests use it to show each tensor is read once."""
+        self._scratch = ScratchBuffer()
 
     @property
     def spec(self) -> WeightProductionSpec:
@@ -149,10 +157,12 @@ class FinalLayoutBF16BundleProducer:
         """Owned name -> the checkpoint tensor it is read from, for one bundle pass over `rank`'s layout."""
         return FinalLayoutBF16CheckpointProducer(rank).checkpoint_index()
 
-    @staticmethod
-    def _final(rows: torch.Tensor, tensor: FinalLayoutTensor) -> torch.Tensor:
-        """The one place a chunk of checkpoint rows becomes the representation's bytes (a cast for BF16)."""
-        return rows.to(tensor.dtype)
+    def _final(self, rows: torch.Tensor, tensor: FinalLayoutTensor) -> torch.Tensor:
+        """The one place a chunk of checkpoint rows becomes the representation's bytes (a cast for BF16).
+
+        The result may live in a buffer reused by the next chunk: every writer is done with it first.
+        """
+        return self._scratch.cast(rows, tensor.dtype)
 
     def _final_rows(
         self, rows: torch.Tensor, tensor: FinalLayoutTensor, fd: int, entry: CheckpointTensor
@@ -187,10 +197,12 @@ class FinalLayoutBF16BundleProducer:
                 file_writer.write_tensor(tensor.name, value)
             return
         for start, stop in row_chunks(entry, self._chunk_bytes):
-            rows = self._final_rows(read_rows(fd, entry, start, stop), tensor, fd, entry)
+            mapped = mapped_rows(fd, entry, start, stop)  # cast straight from the page cache, no pread copy
+            rows = self._final_rows(mapped, tensor, fd, entry)
             self.bytes_read += (stop - start) * entry.row_bytes
             for shard, file_writer in zip(shards, files, strict=True):
                 _write_part(file_writer, tensor.name, rows, (start, stop), shard)
+            del rows, mapped  # unmaps the chunk
 
 
 def _write_part(
