@@ -20,6 +20,7 @@ import torch
 
 from ...canonical_json import CanonicalJson, JsonValue
 from ...failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage
+from .attention_plans import ATTENTION_SPLIT_PLANS
 
 __all__ = [
     "FIRST_CLASS_TENSOR_PARALLEL_PLANS",
@@ -261,26 +262,19 @@ def localize_module(model: torch.nn.Module, shards: Mapping[str, TensorShard]) -
         module._parameters[attribute] = torch.nn.Parameter(local, requires_grad=current.requires_grad)
 
 
-def _mlp_plan(name: str, prefixes: Sequence[str]) -> TensorParallelPlan:
-    rules: list[TensorParallelRule] = []
-    for prefix in prefixes:
-        rules.append(TensorParallelRule(f"{prefix}.net.0.proj", ShardStyle.COLWISE))
-        rules.append(TensorParallelRule(f"{prefix}.net.2", ShardStyle.ROWWISE))
-    return TensorParallelPlan(name, tuple(rules))
+def _entries_plan(name: str, entries: Sequence[tuple[str, str, tuple[int, ...]]]) -> TensorParallelPlan:
+    return TensorParallelPlan(
+        name, tuple(TensorParallelRule(pattern, ShardStyle(style), blocks=blocks) for pattern, style, blocks in entries)
+    )
 
 
 _REGISTERED: dict[str, TensorParallelPlan] = {}
 
 FIRST_CLASS_TENSOR_PARALLEL_PLANS: Mapping[str, TensorParallelPlan] = {
-    # Attention and MLP are split; the attention processors reshape by head_dim, so they run unchanged.
-    # (Flux and Flux.2 plans come from diffusers' own `_tp_plan` when it has one; see plan_for_model.)
-    # SD3, Wan and MiniMax-H3: the MLPs are split, attention is replicated (their processors reshape by
-    # `heads`, or normalize across all heads), which keeps the forward exact under parallelize_module.
-    "SD3Transformer2DModel": _mlp_plan("sd3-mlp-v1", ("transformer_blocks.*.ff", "transformer_blocks.*.ff_context")),
-    "WanTransformer3DModel": _mlp_plan("wan-mlp-v1", ("blocks.*.ffn",)),
-    "MiniMaxH3Transformer3DModel": _mlp_plan(
-        "minimax-h3-mlp-v1", ("transformer_blocks.*.ff", "token_refiner.refiner_blocks.*.ff")
-    ),
+    # Flux and Flux.2 plans come from diffusers' own `_tp_plan` (see plan_for_model). SD3, Wan and
+    # MiniMax-H3 split attention heads and MLPs; attention_plans.py says what stays replicated and why.
+    class_name: _entries_plan(name, entries)
+    for class_name, (name, entries) in ATTENTION_SPLIT_PLANS.items()
 }
 
 _DIFFUSERS_PLANS = {

@@ -14,6 +14,7 @@ import torch
 from ..contracts import FinalLayoutParallelIdentity, FinalLayoutRequest, FinalLayoutTensorPolicy
 from ..identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity
 from ..source_identity import NodeSourceDigestCache, PreparedWeightSource
+from .attention_heads import check_attention_split
 from .plan import TensorParallelPlan, localize_module, plan_error, plan_for_model, resolve_tensor_shards
 
 __all__ = ["identify_ranks", "localize_for_rank"]
@@ -26,6 +27,7 @@ def localize_for_rank(
     chosen = plan if plan is not None else plan_for_model(model)
     _check_parallel(parallel)
     shards = resolve_tensor_shards(model, chosen, parallel.tensor_parallel_size, parallel.tensor_parallel_rank)
+    check_attention_split(model, chosen)
     localize_module(model, shards)
     return chosen
 
@@ -58,6 +60,7 @@ def identify_ranks(
     _check_parallel(parallel)
     chosen = plan if plan is not None else plan_for_model(skeleton)
     shards_by_rank = {rank: resolve_tensor_shards(skeleton, chosen, size, rank) for rank in ranks}
+    check_attention_split(skeleton, chosen)
     localize_module(skeleton, shards_by_rank[ranks[0]])
     contexts: list[FinalLayoutIdentityContext] = []
     for rank in ranks:
