@@ -151,3 +151,15 @@ def test_a_plan_splitting_part_of_an_attention_is_refused_before_anything_is_rea
     assert raised.value.failure.code is FailureCode.UNSUPPORTED
     assert "blocks.0.attn1.norm_q" in raised.value.failure.message
     assert not (tmp_path / "hwr").exists()
+
+
+def test_heads_that_the_tp_size_does_not_divide_are_refused_typed(tmp_path: Path) -> None:
+    """D05/D06: with attention split, SD3's 2 heads cannot go to 4 ranks (its MLPs alone could): UNSUPPORTED,
+    naming the attention module and its heads, on the `meta` skeleton."""
+    folder = save_folder(tmp_path / "sd3", "sd3", seed=17)
+    with pytest.raises(HostWeightError) as raised:
+        localize_for_rank(
+            folder.skeleton(), FinalLayoutParallelIdentity(tensor_parallel_size=4, tensor_parallel_rank=0)
+        )
+    assert raised.value.failure.code is FailureCode.UNSUPPORTED
+    assert "transformer_blocks.0.attn has 2 attention heads" in raised.value.failure.message
