@@ -40,7 +40,7 @@ def _attention_facts(model: torch.nn.Module) -> dict[str, Any]:
 
 
 def forward_group_child(rank: int, setup: dict[str, Any], report: Connection) -> None:
-    """Load each kind cold then warm at TP=`world`; send path, outcome, output, weights and attention facts."""
+    """Load each kind cold then warm at TP=`world`; send path, outcome, plan, output, weights and attention facts."""
     import torch.distributed as dist
 
     world = setup["world"]
@@ -68,6 +68,7 @@ def forward_group_child(rank: int, setup: dict[str, Any], report: Connection) ->
                         "mode": mode,
                         "path": loaded.load_path.value,
                         "outcome": None if loaded.outcome is None else loaded.outcome.value,
+                        "plan": loaded.tensor_parallel_plan,
                         "output": output.detach().float().numpy(),  # BF16 -> FP32 is exact
                         "weights": {name: local_bits(p) for name, p in model.named_parameters()},
                         "attention": _attention_facts(model),

@@ -2,7 +2,8 @@
 
 The group serves all three kinds (cold bundle build, then warm hit) and each rank reports its
 forward output, its local weights and its attention modules; the tests below judge those
-against the single-process canonical model. The single-process tests need no group.
+against the single-process canonical model. A TP=4 group serves SD3, whose 2 heads 4 ranks
+cannot split, with the default MLP-only plan. The single-process tests need no group.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import pytest
 import torch
 
 from host_weight_runtime.diffusion import (
+    FIRST_CLASS_TENSOR_PARALLEL_PLANS,
+    MLP_ONLY_TENSOR_PARALLEL_PLANS,
     FinalLayoutParallelIdentity,
     ShardStyle,
     TensorParallelPlan,
@@ -29,6 +32,7 @@ from host_weight_runtime.failures import FailureCode, HostWeightError
 from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
 
 from ._diffusion import Folder, save_folder
+from ._tp_children import rank_contexts
 from ._tp_forward_children import forward_group_child, local_bits
 
 KINDS = ("sd3", "wan", "minimax_h3")
@@ -55,21 +59,19 @@ def _receive(connection: Connection) -> dict[str, Any]:
     return value
 
 
-@pytest.fixture(scope="module")
-def group_results(
-    folders: dict[str, Folder], tmp_path_factory: pytest.TempPathFactory
+def _run_group(
+    world: int, kinds: tuple[str, ...], folders: dict[str, Folder], tmp: Path
 ) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    """(kind, mode) -> each rank's report, from one group of WORLD spawned ranks; children are always reaped."""
-    tmp = tmp_path_factory.mktemp("tp-forward-group")
+    """(kind, mode) -> each rank's report, from one gloo group of `world` spawned ranks; children are always reaped."""
     context = multiprocessing.get_context("spawn")
     setup = {
-        "world": WORLD,
+        "world": world,
         "rendezvous": f"file://{tmp / 'rendezvous'}",
         "domain": str(tmp / "hwr"),
-        "folders": [(kind, str(folders[kind].root)) for kind in KINDS],
+        "folders": [(kind, str(folders[kind].root)) for kind in kinds],
     }
     receivers, processes = [], []
-    for rank in range(WORLD):
+    for rank in range(world):
         receive, send = context.Pipe(duplex=False)
         process = context.Process(target=forward_group_child, args=(rank, setup, send))
         process.start()
@@ -77,7 +79,7 @@ def group_results(
         processes.append(process)
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     try:
-        for _ in range(2 * len(KINDS)):
+        for _ in range(2 * len(kinds)):
             reports = [_receive(receiver) for receiver in receivers]
             results[(reports[0]["kind"], reports[0]["mode"])] = reports
     finally:
@@ -86,8 +88,16 @@ def group_results(
             if process.exitcode is None:
                 process.kill()
                 process.join(CHILD_S)
-    assert [process.exitcode for process in processes] == [0] * WORLD
+    assert [process.exitcode for process in processes] == [0] * world
     return results
+
+
+@pytest.fixture(scope="module")
+def group_results(
+    folders: dict[str, Folder], tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Every kind at TP=WORLD, cold then warm, in one group."""
+    return _run_group(WORLD, KINDS, folders, tmp_path_factory.mktemp("tp-forward-group"))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -153,13 +163,62 @@ def test_a_plan_splitting_part_of_an_attention_is_refused_before_anything_is_rea
     assert not (tmp_path / "hwr").exists()
 
 
-def test_heads_that_the_tp_size_does_not_divide_are_refused_typed(tmp_path: Path) -> None:
-    """D05/D06: with attention split, SD3's 2 heads cannot go to 4 ranks (its MLPs alone could): UNSUPPORTED,
-    naming the attention module and its heads, on the `meta` skeleton."""
-    folder = save_folder(tmp_path / "sd3", "sd3", seed=17)
+def test_default_plan_follows_the_tp_size_and_a_named_attention_split_is_still_refused(
+    folders: dict[str, Folder],
+) -> None:
+    """D05/D06: SD3's 2 heads split at TP=2, so its default plan there splits attention; at TP=4 the default is
+    the MLP-only plan (a plan name and key of its own), chosen alike on fresh skeletons (as every rank would);
+    naming the attention-split plan at TP=4 stays UNSUPPORTED, naming the attention module and its heads."""
+    folder = folders["sd3"]
+    attention_split = FIRST_CLASS_TENSOR_PARALLEL_PLANS["SD3Transformer2DModel"]
+    mlp_only = MLP_ONLY_TENSOR_PARALLEL_PLANS["SD3Transformer2DModel"]
+    assert (attention_split.name, mlp_only.name) == ("sd3-attention-mlp-v1", "sd3-mlp-v1")
+    assert plan_for_model(folder.skeleton(), 2) is attention_split
+    assert plan_for_model(folder.skeleton()) is attention_split
+    assert [plan_for_model(folder.skeleton(), 4) for _ in range(2)] == [mlp_only, mlp_only]
+
+    skeleton = folder.skeleton()
+    full = {name: tuple(p.shape) for name, p in skeleton.named_parameters()}
+    tp4 = FinalLayoutParallelIdentity(tensor_parallel_size=4, tensor_parallel_rank=3)
+    assert localize_for_rank(skeleton, tp4) is mlp_only
+    local = {name: tuple(p.shape) for name, p in skeleton.named_parameters()}
+    assert local["transformer_blocks.0.attn.to_q.weight"] == full["transformer_blocks.0.attn.to_q.weight"]
+    inner, width = full["transformer_blocks.0.ff.net.0.proj.weight"]
+    assert local["transformer_blocks.0.ff.net.0.proj.weight"] == (inner // 4, width)
+
+    _, default_contexts = rank_contexts(folder, 4)
+    _, named_contexts = rank_contexts(folder, 4, mlp_only)
+    _, tp2_contexts = rank_contexts(folder, 2)
+    assert [c.identity.key for c in default_contexts] == [c.identity.key for c in named_contexts]
+    assert len({c.identity.key for c in default_contexts + tp2_contexts}) == 6
+
     with pytest.raises(HostWeightError) as raised:
-        localize_for_rank(
-            folder.skeleton(), FinalLayoutParallelIdentity(tensor_parallel_size=4, tensor_parallel_rank=0)
-        )
+        localize_for_rank(folder.skeleton(), tp4, attention_split)
     assert raised.value.failure.code is FailureCode.UNSUPPORTED
     assert "transformer_blocks.0.attn has 2 attention heads" in raised.value.failure.message
+
+
+def test_tp4_default_load_of_two_heads_serves_the_mlp_only_plan_on_every_rank(
+    folders: dict[str, Folder], tmp_path: Path
+) -> None:
+    """D05/T01: a TP=4 gloo group loads the 2-head SD3 by default (cold REQUIRED build, warm PREFERRED hit): every
+    rank reports the MLP-only plan, holds exactly its slice of each canonical MLP weight and every attention
+    weight whole (no head split), and its forward matches the single-process canonical BF16 forward."""
+    results = _run_group(4, ("sd3",), folders, tmp_path)
+    canonical = folders["sd3"].canonical()
+    reference = run_forward("sd3", canonical, forward_inputs("sd3", canonical, seed=5)).float()
+    full = {name: parameter.detach() for name, parameter in canonical.named_parameters()}
+    mlp_only = MLP_ONLY_TENSOR_PARALLEL_PLANS["SD3Transformer2DModel"]
+    cold, warm = results[("sd3", "required")], results[("sd3", "preferred")]
+    assert [report["plan"] for report in cold + warm] == [mlp_only.name] * 8
+    assert [report["outcome"] for report in warm] == ["local_hit"] * 4
+    for rank, report in enumerate(warm):
+        shards = resolve_tensor_shards(canonical, mlp_only, 4, rank)
+        assert shards and not any(".attn." in name for name in shards)
+        assert set(report["weights"]) == set(full)
+        for name, bits in report["weights"].items():
+            shard = shards.get(name)
+            expected = full[name] if shard is None else shard.take(full[name])
+            assert numpy.array_equal(bits, local_bits(expected)), name
+        assert report["attention"] == {}
+        torch.testing.assert_close(torch.from_numpy(report["output"]), reference, **BF16_TOLERANCE)

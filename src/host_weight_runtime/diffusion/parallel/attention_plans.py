@@ -1,4 +1,4 @@
-"""First-class tensor-parallel plans for SD3, Wan and MiniMax-H3: attention heads and MLPs split.
+"""First-class tensor-parallel plans for SD3, Wan and MiniMax-H3: attention heads and MLPs split, or MLPs only.
 
 Each plan is plain data, `(module pattern, "colwise" | "rowwise", blocks)`, which `plan.py`
 turns into a `TensorParallelPlan` (this module imports nothing from it, so there is no
@@ -22,11 +22,14 @@ At full size (counted on `meta` skeletons at TP=2) that leaves 1.7% of Wan 2.1 1
 but 34% of SD3.5-large: its per-block AdaLN linears (`norm1.linear`, `norm1_context.linear`)
 alone are 33%. Splitting them needs an all-gather of their output in every block (a colwise
 split whose output is gathered), which the plan format does not express yet.
+
+Each model also has an MLP-only plan (attention replicated), for TP sizes that do not divide
+its head count (SD3.5-large's 38 heads at TP=4 or 8): `plan.py` picks it by default there.
 """
 
 from __future__ import annotations
 
-__all__ = ["ATTENTION_SPLIT_PLANS", "PlanEntry"]
+__all__ = ["ATTENTION_SPLIT_PLANS", "MLP_ONLY_PLANS", "PlanEntry"]
 
 PlanEntry = tuple[str, str, tuple[int, ...]]
 """(module pattern with at most one `*`, "colwise" or "rowwise", proportional blocks or ())."""
@@ -45,6 +48,11 @@ def _mlp(prefix: str, blocks: tuple[int, ...] = ()) -> tuple[PlanEntry, ...]:
 
 _QKV = ("to_q", "to_k", "to_v")
 
+_SD3_MLPS = (*_mlp("transformer_blocks.*.ff"), *_mlp("transformer_blocks.*.ff_context"))
+_WAN_MLPS = _mlp("blocks.*.ffn")
+# MiniMax-H3's FeedForward is SwiGLU: net.0.proj holds [value; gate], each half split separately.
+_MINIMAX_H3_MLPS = (*_mlp("transformer_blocks.*.ff", (1, 1)), *_mlp("token_refiner.refiner_blocks.*.ff", (1, 1)))
+
 _SD3: tuple[PlanEntry, ...] = (
     # joint attention: the image stream (to_*) and the text stream (add_*_proj) share the heads
     *_attention(
@@ -54,23 +62,20 @@ _SD3: tuple[PlanEntry, ...] = (
     ),
     # SD3.5's second (image-only) self-attention in the dual-attention blocks
     *_attention("transformer_blocks.*.attn2", inputs=_QKV, outputs=("to_out.0",)),
-    *_mlp("transformer_blocks.*.ff"),
-    *_mlp("transformer_blocks.*.ff_context"),
+    *_SD3_MLPS,
 )
 
 _WAN: tuple[PlanEntry, ...] = (
     *_attention("blocks.*.attn1", inputs=_QKV, outputs=("to_out.0",)),
     # cross-attention; I2V models add image key/value projections over the same heads
     *_attention("blocks.*.attn2", inputs=(*_QKV, "add_k_proj", "add_v_proj"), outputs=("to_out.0",)),
-    *_mlp("blocks.*.ffn"),
+    *_WAN_MLPS,
 )
 
-# MiniMax-H3's FeedForward is SwiGLU: net.0.proj holds [value; gate], each half split separately.
 _MINIMAX_H3: tuple[PlanEntry, ...] = (
     *_attention("transformer_blocks.*.attn", inputs=_QKV, outputs=("to_out.0",)),
     *_attention("token_refiner.refiner_blocks.*.attn", inputs=_QKV, outputs=("to_out.0",)),
-    *_mlp("transformer_blocks.*.ff", (1, 1)),
-    *_mlp("token_refiner.refiner_blocks.*.ff", (1, 1)),
+    *_MINIMAX_H3_MLPS,
 )
 
 ATTENTION_SPLIT_PLANS: dict[str, tuple[str, tuple[PlanEntry, ...]]] = {
@@ -79,3 +84,11 @@ ATTENTION_SPLIT_PLANS: dict[str, tuple[str, tuple[PlanEntry, ...]]] = {
     "MiniMaxH3Transformer3DModel": ("minimax-h3-attention-mlp-v1", _MINIMAX_H3),
 }
 """Model class name -> (plan name, entries); the plan name enters every rank artifact's key."""
+
+MLP_ONLY_PLANS: dict[str, tuple[str, tuple[PlanEntry, ...]]] = {
+    "SD3Transformer2DModel": ("sd3-mlp-v1", _SD3_MLPS),
+    "WanTransformer3DModel": ("wan-mlp-v1", _WAN_MLPS),
+    # v2: its SwiGLU projection is split per half (v1 cut [value; gate] as one block)
+    "MiniMaxH3Transformer3DModel": ("minimax-h3-mlp-v2", _MINIMAX_H3_MLPS),
+}
+"""Model class name -> (plan name, entries) of the MLP-only plan, the default where the heads do not divide."""

@@ -103,6 +103,7 @@ class _RankLoad:
             identity_key=self.context.identity.key,
             resolution=resolution.report,
             lease=lease,
+            tensor_parallel_plan=self.plan.name,
         )
 
     def canonical(self, resolution: HostWeightResolution, *, publish: bool) -> LoadedComponent:
@@ -124,6 +125,7 @@ class _RankLoad:
             identity_key=self.context.identity.key,
             resolution=resolution.report,
             publication=publication,
+            tensor_parallel_plan=self.plan.name,
         )
 
 
@@ -164,7 +166,9 @@ def load_tensor_parallel_component(
     stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED and not fp8
     skeleton = prepare_skeleton(location, LoadOptions(), parallel)
     _require_diffusers(skeleton)
-    plan = plan_for_model(skeleton.model)  # on the plain skeleton: a registered plan keys on its class
+    # On the plain skeleton (a registered plan keys on its class); the default depends on config and size only,
+    # so every rank picks the same plan.
+    plan = plan_for_model(skeleton.model, size)
     if fp8:
         quantize_model_fp8(skeleton.model)
     contexts = _identify_every_rank(skeleton, runtime, tensor_policy(fp8), plan)
@@ -257,7 +261,8 @@ def prewarm_tensor_parallel(
     )
     _require_diffusers(skeleton)
     require_safetensors(skeleton, "a bundle", "Load each rank once with load_component")
-    contexts = _identify_every_rank(skeleton, required, FINAL_LAYOUT_BF16_POLICY, plan_for_model(skeleton.model))
+    plan = plan_for_model(skeleton.model, tensor_parallel_size)
+    contexts = _identify_every_rank(skeleton, required, FINAL_LAYOUT_BF16_POLICY, plan)
     producer = FinalLayoutBF16BundleProducer(contexts)
     results: list[PrewarmResult] = []
     for context in contexts:  # the first resolve builds every missing rank; the others then hit
@@ -272,6 +277,7 @@ def prewarm_tensor_parallel(
                 resolution=resolution.report,
                 total_bytes=context.total_bytes,
                 tensor_count=len(context.tensors),
+                tensor_parallel_plan=plan.name,
             )
         )
     return tuple(results)
