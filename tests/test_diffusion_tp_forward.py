@@ -198,6 +198,7 @@ def test_default_plan_follows_the_tp_size_and_a_named_attention_split_is_still_r
     assert "transformer_blocks.0.attn has 2 attention heads" in raised.value.failure.message
 
 
+@pytest.mark.slow
 def test_tp4_default_load_of_two_heads_serves_the_mlp_only_plan_on_every_rank(
     folders: dict[str, Folder], tmp_path: Path
 ) -> None:
