@@ -163,6 +163,21 @@ def test_a_plan_splitting_part_of_an_attention_is_refused_before_anything_is_rea
     assert not (tmp_path / "hwr").exists()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_mlp_only_plans_split_every_mlp_and_no_attention(kind: str, folders: dict[str, Folder]) -> None:
+    """D05/D13: each model's MLP-only plan splits MLP Linears (MiniMax-H3's SwiGLU projection as two halves) and
+    no attention projection, and its plan dict (its key) differs from the attention-split plan's."""
+    skeleton = folders[kind].skeleton()
+    class_name = type(skeleton).__name__
+    mlp_only = MLP_ONLY_TENSOR_PARALLEL_PLANS[class_name]
+    assert mlp_only.to_dict() != FIRST_CLASS_TENSOR_PARALLEL_PLANS[class_name].to_dict()
+    shards = resolve_tensor_shards(skeleton, mlp_only, 2, 1)
+    assert shards and all(".ff" in name for name in shards), sorted(shards)
+    assert not any(".attn" in name for name in shards)
+    gated = [shard.block_sizes for name, shard in shards.items() if name.endswith("net.0.proj.weight")]
+    assert all(len(blocks) == (2 if kind == "minimax_h3" else 1) for blocks in gated), gated
+
+
 def test_default_plan_follows_the_tp_size_and_a_named_attention_split_is_still_refused(
     folders: dict[str, Folder],
 ) -> None:
