@@ -39,6 +39,7 @@ from .parallel.fp8_bundle import FinalLayoutFP8BundleProducer
 from .parallel.loader import prewarm_tensor_parallel
 from .parallel.plan import (
     FIRST_CLASS_TENSOR_PARALLEL_PLANS,
+    MLP_ONLY_TENSOR_PARALLEL_PLANS,
     ShardStyle,
     TensorParallelPlan,
     TensorParallelRule,
@@ -78,6 +79,7 @@ __all__ = [
     "FINAL_LAYOUT_FP8_SPEC",
     "FIRST_CLASS_CONTRACTS",
     "FIRST_CLASS_TENSOR_PARALLEL_PLANS",
+    "MLP_ONLY_TENSOR_PARALLEL_PLANS",
     "ComponentLoadPath",
     "FinalLayoutArtifactSpec",
     "FinalLayoutBF16BundleProducer",

@@ -30,6 +30,7 @@ class LoadedComponent:
     On the ARTIFACT path the model's tensors are views of a lease; the model keeps that lease
     alive, and `close()` releases it once the model is no longer served.
     `domain_root` says where the runtime keeps artifacts (None when it is DISABLED).
+    `tensor_parallel_plan` names the plan that split a TP rank's model (None without TP).
     """
 
     __slots__ = (
@@ -45,6 +46,7 @@ class LoadedComponent:
         "publication",
         "resolution",
         "restore_failure",
+        "tensor_parallel_plan",
     )
 
     def __init__(
@@ -62,6 +64,7 @@ class LoadedComponent:
         restore_failure: HostWeightFailure | None = None,
         lease: HostWeightLease | None = None,
         background_publication: BackgroundPublication | None = None,
+        tensor_parallel_plan: str | None = None,
     ) -> None:
         self.model = model
         self.background_publication = background_publication
@@ -75,6 +78,7 @@ class LoadedComponent:
         self.identity_failure = identity_failure
         self.restore_failure = restore_failure
         self._lease = lease
+        self.tensor_parallel_plan = tensor_parallel_plan
 
     @property
     def outcome(self) -> ResolutionOutcome:
@@ -110,6 +114,7 @@ class LoadedComponent:
             else self.background_publication.state(),
             "identity_failure": None if self.identity_failure is None else self.identity_failure.to_dict(),
             "restore_failure": None if self.restore_failure is None else self.restore_failure.to_dict(),
+            "tensor_parallel_plan": self.tensor_parallel_plan,
         }
 
 

@@ -20,12 +20,13 @@ class ComponentLoadPath(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class PrewarmResult:
-    """What `prewarm_component` built (or found) for a model."""
+    """What `prewarm_component` built (or found) for a model; a TP rank's result names the plan that split it."""
 
     identity_key: str
     resolution: ResolutionReport
     total_bytes: int
     tensor_count: int
+    tensor_parallel_plan: str | None = None
 
 
 def report_without_lookup(

@@ -3,6 +3,7 @@
 The split parameters already hold this rank's slice (from the artifact or a localized
 canonical load), so they are wrapped as `Shard(dim)` DTensors in place and
 `parallelize_module` only installs the input/output hooks: nothing is copied or sent.
+Split attention modules then run on their rank's heads (attention_heads.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .attention_heads import adapt_attention_heads
 from .plan import ShardStyle, TensorParallelPlan
 
 __all__ = ["parallelize_localized"]
@@ -45,3 +47,4 @@ def parallelize_localized(model: torch.nn.Module, plan: TensorParallelPlan, mesh
             module._parameters[attribute] = torch.nn.Parameter(placed, requires_grad=False)
         styles[name] = _Colwise() if colwise else _Rowwise()
     parallelize_module(model, mesh, styles)
+    adapt_attention_heads(model, plan, mesh)

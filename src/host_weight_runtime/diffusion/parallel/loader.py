@@ -108,6 +108,7 @@ class _RankLoad:
             identity_key=self.parts.shard.identity.key,
             resolution=resolution.shard.report,
             lease=lease,
+            tensor_parallel_plan=self.plan.name,
         )
 
     def canonical(self, resolution: PartsResolution, *, publish: bool) -> LoadedComponent:
@@ -127,6 +128,7 @@ class _RankLoad:
             identity_key=self.parts.shard.identity.key,
             resolution=resolution.shard.report,
             publication=publication,
+            tensor_parallel_plan=self.plan.name,
         )
 
 
@@ -168,7 +170,9 @@ def load_tensor_parallel_component(
     stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
     skeleton = prepare_skeleton(location, LoadOptions(), parallel)
     _require_diffusers(skeleton)
-    plan = plan_for_model(skeleton.model)  # on the plain skeleton: a registered plan keys on its class
+    # On the plain skeleton (a registered plan keys on its class); the default depends on config and size only,
+    # so every rank picks the same plan.
+    plan = plan_for_model(skeleton.model, size)
     if fp8:
         quantize_model_fp8(skeleton.model)
     contexts = _identify_every_rank(skeleton, runtime, tensor_policy(fp8), plan)
@@ -265,7 +269,7 @@ def prewarm_tensor_parallel(
     )
     _require_diffusers(skeleton)
     require_safetensors(skeleton, "a bundle", "Load each rank once with load_component")
-    plan = plan_for_model(skeleton.model)  # on the plain skeleton: a registered plan keys on its class
+    plan = plan_for_model(skeleton.model, tensor_parallel_size)  # plain skeleton: a registered plan keys on class
     if fp8:
         quantize_model_fp8(skeleton.model)
     producer = bundle_producer(_identify_every_rank(skeleton, required, tensor_policy(fp8), plan))
@@ -283,6 +287,7 @@ def prewarm_tensor_parallel(
                 resolution=resolution.report,
                 total_bytes=part.total_bytes,
                 tensor_count=len(part.tensors),
+                tensor_parallel_plan=plan.name,
             )
         )
     return tuple(results)

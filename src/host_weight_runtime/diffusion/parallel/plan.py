@@ -7,6 +7,9 @@ keeps the bias whole (it is added after the all-reduce). Packed blocks split eac
 block separately, so rank r holds the r-th slice of every block. Every tensor no rule
 names is replicated. The plan's `to_dict()` enters the layout identity, so a different
 plan or TP size is a different key (D05). Nothing here imports `torch.distributed`.
+Unless a plan is named (passed, or registered for the class), `plan_for_model` picks one per
+(model structure, TP size): the first-class plan where the size divides it, else the model's
+MLP-only plan, so a head count the size does not divide still loads with attention replicated.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import torch
 
 from ...canonical_json import CanonicalJson, JsonValue
 from ...failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage
+from .attention_plans import ATTENTION_SPLIT_PLANS, MLP_ONLY_PLANS
 
 __all__ = [
     "FIRST_CLASS_TENSOR_PARALLEL_PLANS",
+    "MLP_ONLY_TENSOR_PARALLEL_PLANS",
     "ShardStyle",
     "TensorParallelPlan",
     "TensorParallelRule",
@@ -31,6 +36,7 @@ __all__ = [
     "plan_for_model",
     "register_tensor_parallel_plan",
     "resolve_tensor_shards",
+    "splits_evenly",
 ]
 
 
@@ -166,9 +172,16 @@ class TensorShard:
         return TensorShard(self.dim, self.block_sizes, self.size, rank)
 
 
-def _linear_shards(
-    name: str, module: torch.nn.Module, rule: TensorParallelRule, size: int, rank: int
-) -> dict[str, TensorShard]:
+@dataclass(frozen=True, slots=True)
+class _PlannedSplit:
+    """One split Linear before any TP size is applied: the dimension, its blocks, and whether the bias splits too."""
+
+    dim: int
+    blocks: tuple[int, ...]
+    bias: bool
+
+
+def _planned_split(name: str, module: torch.nn.Module, rule: TensorParallelRule) -> _PlannedSplit:
     weight = getattr(module, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise plan_error(f"plan rule {rule.pattern!r} names {name}, which has no 2-D weight", module=name)
@@ -189,21 +202,63 @@ def _linear_shards(
         blocks = (total,)
     if sum(blocks) != total:
         raise plan_error(f"{name}: blocks {list(blocks)} do not add up to dim {dim} of size {total}", module=name)
-    for block in blocks:
-        if block % size:
+    bias = isinstance(getattr(module, "bias", None), torch.Tensor) and rule.style is ShardStyle.COLWISE
+    return _PlannedSplit(dim, blocks, bias)
+
+
+def _planned_splits(model: torch.nn.Module, plan: TensorParallelPlan) -> dict[str, _PlannedSplit]:
+    """Module name -> its split, for every Linear the plan names; structural refusals (any TP size) are raised."""
+    splits: dict[str, _PlannedSplit] = {}
+    for name, module in model.named_modules():
+        matching = [rule for rule in plan.rules if rule.matches(name)] if name else []
+        if len(matching) > 1:
             raise plan_error(
-                f"cannot split {name}.weight across {size} tensor-parallel ranks: a block of {block} along dim {dim} "
-                f"is not divisible by {size}; choose a TP size that divides it",
-                tensor=f"{name}.weight",
-                block=block,
+                f"tensor-parallel plan {plan.name!r} names {name} in {len(matching)} rules "
+                f"({[rule.pattern for rule in matching]}); each Linear is split one way or replicated, never both: "
+                "keep one rule for it",
+                module=name,
+            )
+        if matching:
+            splits[name] = _planned_split(name, module, matching[0])
+    if not splits:
+        raise plan_error(
+            f"tensor-parallel plan {plan.name!r} matches no module of {type(model).__name__}; it splits nothing",
+            plan=plan.name,
+        )
+    return splits
+
+
+def _uneven_split(model: torch.nn.Module, splits: Mapping[str, _PlannedSplit], size: int) -> HostWeightError | None:
+    """The refusal for the first block or attention head count that `size` ranks cannot split evenly, if any."""
+    for name, split in splits.items():
+        for block in split.blocks:
+            if block % size:
+                return plan_error(
+                    f"cannot split {name}.weight across {size} tensor-parallel ranks: a block of {block} along dim "
+                    f"{split.dim} is not divisible by {size}; choose a TP size that divides it",
+                    tensor=f"{name}.weight",
+                    block=block,
+                    tensor_parallel_size=size,
+                )
+    split_parents = {name.rsplit(".", index)[0] for name in splits for index in range(1, name.count(".") + 1)}
+    for name, module in model.named_modules():
+        heads = getattr(module, "heads", None)
+        if name in split_parents and type(heads) is int and heads % size:
+            return plan_error(
+                f"{name} has {heads} attention heads, which {size} tensor-parallel ranks cannot split evenly",
+                module=name,
+                heads=heads,
                 tensor_parallel_size=size,
             )
-    shard = TensorShard(dim, blocks, size, rank)
-    shards = {f"{name}.weight": shard}
-    bias = getattr(module, "bias", None)
-    if isinstance(bias, torch.Tensor) and rule.style is ShardStyle.COLWISE:
-        shards[f"{name}.bias"] = TensorShard(0, blocks, size, rank)
-    return shards
+    return None
+
+
+def splits_evenly(model: torch.nn.Module, plan: TensorParallelPlan, size: int) -> bool:
+    """Whether `size` ranks divide every block and every split attention's heads under `plan` (reads only shapes).
+
+    A plan that cannot apply to the model at any size still raises its typed refusal.
+    """
+    return _uneven_split(model, _planned_splits(model, plan), size) is None
 
 
 def resolve_tensor_shards(
@@ -216,35 +271,15 @@ def resolve_tensor_shards(
     """
     if type(size) is not int or size < 1 or type(rank) is not int or not 0 <= rank < size:
         raise ValueError(f"tensor-parallel rank {rank!r} of size {size!r} is not a valid rank")
+    splits = _planned_splits(model, plan)
+    refusal = _uneven_split(model, splits, size)
+    if refusal is not None:
+        raise refusal
     shards: dict[str, TensorShard] = {}
-    split_parents: set[str] = set()
-    for name, module in model.named_modules():
-        matching = [rule for rule in plan.rules if rule.matches(name)] if name else []
-        if len(matching) > 1:
-            raise plan_error(
-                f"tensor-parallel plan {plan.name!r} names {name} in {len(matching)} rules "
-                f"({[rule.pattern for rule in matching]}); each Linear is split one way or replicated, never both: "
-                "keep one rule for it",
-                module=name,
-            )
-        if not matching:
-            continue
-        shards.update(_linear_shards(name, module, matching[0], size, rank))
-        split_parents.update(name.rsplit(".", index)[0] for index in range(1, name.count(".") + 1))
-    if not shards:
-        raise plan_error(
-            f"tensor-parallel plan {plan.name!r} matches no module of {type(model).__name__}; it splits nothing",
-            plan=plan.name,
-        )
-    for name, module in model.named_modules():
-        heads = getattr(module, "heads", None)
-        if name in split_parents and type(heads) is int and heads % size:
-            raise plan_error(
-                f"{name} has {heads} attention heads, which {size} tensor-parallel ranks cannot split evenly",
-                module=name,
-                heads=heads,
-                tensor_parallel_size=size,
-            )
+    for name, split in splits.items():
+        shards[f"{name}.weight"] = TensorShard(split.dim, split.blocks, size, rank)
+        if split.bias:
+            shards[f"{name}.bias"] = TensorShard(0, split.blocks, size, rank)
     return shards
 
 
@@ -268,26 +303,25 @@ def localize_module(model: torch.nn.Module, shards: Mapping[str, TensorShard]) -
         module._parameters[attribute] = torch.nn.Parameter(local, requires_grad=current.requires_grad)
 
 
-def _mlp_plan(name: str, prefixes: Sequence[str]) -> TensorParallelPlan:
-    rules: list[TensorParallelRule] = []
-    for prefix in prefixes:
-        rules.append(TensorParallelRule(f"{prefix}.net.0.proj", ShardStyle.COLWISE))
-        rules.append(TensorParallelRule(f"{prefix}.net.2", ShardStyle.ROWWISE))
-    return TensorParallelPlan(name, tuple(rules))
+def _entries_plan(name: str, entries: Sequence[tuple[str, str, tuple[int, ...]]]) -> TensorParallelPlan:
+    return TensorParallelPlan(
+        name, tuple(TensorParallelRule(pattern, ShardStyle(style), blocks=blocks) for pattern, style, blocks in entries)
+    )
 
 
 _REGISTERED: dict[str, TensorParallelPlan] = {}
 
 FIRST_CLASS_TENSOR_PARALLEL_PLANS: Mapping[str, TensorParallelPlan] = {
-    # Attention and MLP are split; the attention processors reshape by head_dim, so they run unchanged.
-    # (Flux and Flux.2 plans come from diffusers' own `_tp_plan` when it has one; see plan_for_model.)
-    # SD3, Wan and MiniMax-H3: the MLPs are split, attention is replicated (their processors reshape by
-    # `heads`, or normalize across all heads), which keeps the forward exact under parallelize_module.
-    "SD3Transformer2DModel": _mlp_plan("sd3-mlp-v1", ("transformer_blocks.*.ff", "transformer_blocks.*.ff_context")),
-    "WanTransformer3DModel": _mlp_plan("wan-mlp-v1", ("blocks.*.ffn",)),
-    "MiniMaxH3Transformer3DModel": _mlp_plan(
-        "minimax-h3-mlp-v1", ("transformer_blocks.*.ff", "token_refiner.refiner_blocks.*.ff")
-    ),
+    # Flux and Flux.2 plans come from diffusers' own `_tp_plan` (see plan_for_model). SD3, Wan and
+    # MiniMax-H3 split attention heads and MLPs; attention_plans.py says what stays replicated and why.
+    class_name: _entries_plan(name, entries)
+    for class_name, (name, entries) in ATTENTION_SPLIT_PLANS.items()
+}
+
+MLP_ONLY_TENSOR_PARALLEL_PLANS: Mapping[str, TensorParallelPlan] = {
+    # The default in place of the first-class plan at a TP size that does not divide the heads.
+    class_name: _entries_plan(name, entries)
+    for class_name, (name, entries) in MLP_ONLY_PLANS.items()
 }
 
 _DIFFUSERS_PLANS = {
@@ -297,7 +331,10 @@ _DIFFUSERS_PLANS = {
 
 
 def register_tensor_parallel_plan(model_class_name: str, plan: TensorParallelPlan) -> None:
-    """Declare (or replace) the plan for a model class name; a different plan is a different key."""
+    """Declare (or replace) the plan for a model class name; a different plan is a different key.
+
+    A registered plan is used at every TP size as it is: one that a TP size cannot divide is refused.
+    """
     if type(model_class_name) is not str or not model_class_name:
         raise ValueError("model_class_name must be a non-empty str")
     if not isinstance(plan, TensorParallelPlan):
@@ -305,12 +342,25 @@ def register_tensor_parallel_plan(model_class_name: str, plan: TensorParallelPla
     _REGISTERED[model_class_name] = plan
 
 
-def plan_for_model(model: torch.nn.Module) -> TensorParallelPlan:
-    """The registered plan, else a first-class one, else the class's diffusers `_tp_plan`; typed refusal otherwise."""
+def plan_for_model(model: torch.nn.Module, tensor_parallel_size: int | None = None) -> TensorParallelPlan:
+    """The registered plan, else a first-class one, else the class's diffusers `_tp_plan`; typed refusal otherwise.
+
+    With `tensor_parallel_size`, a first-class plan that the size cannot divide (its attention
+    heads, say) gives way to the model's MLP-only plan. The choice reads only the model's
+    structure (its config) and the size, so every rank of a group makes the same one.
+    """
+    if tensor_parallel_size is not None and (type(tensor_parallel_size) is not int or tensor_parallel_size < 1):
+        raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tensor_parallel_size!r}")
     class_name = type(model).__name__
-    registered = _REGISTERED.get(class_name) or FIRST_CLASS_TENSOR_PARALLEL_PLANS.get(class_name)
+    registered = _REGISTERED.get(class_name)
     if registered is not None:
         return registered
+    first_class = FIRST_CLASS_TENSOR_PARALLEL_PLANS.get(class_name)
+    if first_class is not None:
+        fallback = MLP_ONLY_TENSOR_PARALLEL_PLANS.get(class_name)
+        if tensor_parallel_size is None or fallback is None or splits_evenly(model, first_class, tensor_parallel_size):
+            return first_class
+        return fallback
     tp_plan = getattr(type(model), "_tp_plan", None)
     if isinstance(tp_plan, dict) and tp_plan:
         return TensorParallelPlan.from_diffusers(

@@ -14,6 +14,7 @@ import torch
 from ..contracts import FinalLayoutParallelIdentity, FinalLayoutRequest, FinalLayoutTensorPolicy
 from ..identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity
 from ..source_identity import NodeSourceDigestCache, PreparedWeightSource
+from .attention_heads import check_attention_split
 from .plan import TensorParallelPlan, localize_module, plan_error, plan_for_model, resolve_tensor_shards
 
 __all__ = ["identify_ranks", "localize_for_rank"]
@@ -22,10 +23,14 @@ __all__ = ["identify_ranks", "localize_for_rank"]
 def localize_for_rank(
     model: torch.nn.Module, parallel: FinalLayoutParallelIdentity, plan: TensorParallelPlan | None = None
 ) -> TensorParallelPlan:
-    """Resolve the model's plan for this rank (typed refusals first) and cut its split parameters in place."""
-    chosen = plan if plan is not None else plan_for_model(model)
+    """Resolve the model's plan for this rank (typed refusals first) and cut its split parameters in place.
+
+    Without `plan`, the default for the model and this TP size (`plan_for_model`); a given plan is used as it is.
+    """
+    chosen = plan if plan is not None else plan_for_model(model, parallel.tensor_parallel_size)
     _check_parallel(parallel)
     shards = resolve_tensor_shards(model, chosen, parallel.tensor_parallel_size, parallel.tensor_parallel_rank)
+    check_attention_split(model, chosen)
     localize_module(model, shards)
     return chosen
 
@@ -56,8 +61,9 @@ def identify_ranks(
     if size < 2:
         raise ValueError("identify_ranks needs tensor_parallel_size >= 2")
     _check_parallel(parallel)
-    chosen = plan if plan is not None else plan_for_model(skeleton)
+    chosen = plan if plan is not None else plan_for_model(skeleton, size)
     shards_by_rank = {rank: resolve_tensor_shards(skeleton, chosen, size, rank) for rank in ranks}
+    check_attention_split(skeleton, chosen)
     localize_module(skeleton, shards_by_rank[ranks[0]])
     contexts: list[FinalLayoutIdentityContext] = []
     for rank in ranks:
