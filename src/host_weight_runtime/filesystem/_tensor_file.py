@@ -1,12 +1,15 @@
 """One payload file being written: created preallocated with its header, filled at fixed offsets, then closed.
 
 A file is accepted at close only when every byte of every declared tensor was written exactly once.
+Rows arrive by `pwrite` (`write_tensor`, `write_rows`) or are converted straight into a shared
+mapping of the file (`copy_rows`: one pass, no intermediate buffer, hashed behind the copy).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -54,6 +57,7 @@ class TensorFileOwner(Protocol):
 
     def _check_open(self) -> None: ...
 
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14; Python names it from 3.13 on
 _FILE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 _FILE_MODE = 0o600
 
@@ -144,6 +148,7 @@ class StagingTensorFileWriter:
         "_hasher",
         "_layout",
         "_lock",
+        "_mapped",
         "_name",
         "_next_byte",
         "_ordered",
@@ -171,6 +176,7 @@ class StagingTensorFileWriter:
         self._closed = False
         self._result: WrittenFile | None = None
         self._next_byte = 0  # ordered files: the data offset the next write must start at
+        self._mapped: _SharedMapping | None = None  # the file's shared mapping, made by the first copy_rows
         self._coverage: dict[str, RowCoverage] = {
             placement.spec.name: RowCoverage(placement) for placement in layout.placements
         }
@@ -217,6 +223,15 @@ class StagingTensorFileWriter:
     def write_rows(self, name: str, start_row: int, tensor: torch.Tensor) -> None:
         """Write `tensor.shape[0]` rows of `name` starting at `start_row`."""
         self._owner._guarded(lambda: self._write(name, start_row, tensor))
+
+    def copy_rows(self, name: str, start_row: int, rows: torch.Tensor) -> None:
+        """Convert `rows` (any dtype, `Tensor.copy_` rounding) straight into rows `start_row`.. of `name`.
+
+        Ordered files only: the rows are written through a shared mapping of the file, so no
+        converted copy is made and nothing is read back; the lane hashes them right behind the
+        copy. Every row of a tensor comes either from `copy_rows` or from `write_rows`, not both.
+        """
+        self._owner._guarded(lambda: self._copy(name, start_row, rows))
 
     def close(self) -> None:
         """Check coverage, fsync, hash and release the file; later calls do nothing."""
@@ -266,6 +281,8 @@ class StagingTensorFileWriter:
             raise producer_failed(f"{self._name}: tensor {name}: byte count mismatch", file=self._name, tensor=name)
         if self._ordered:
             with self._lock:
+                if self._hasher.lane.holds(name):
+                    raise self._mixed(name, "copy_rows")
                 self._claim(coverage, start, stop, ordered_begin=begin if len(data) else None)
                 try:
                     self._pwrite(data, len(self._layout.header) + begin, name, start, stop)
@@ -292,6 +309,50 @@ class StagingTensorFileWriter:
             coverage.pending.remove((start, stop))
             if stop > start:
                 coverage.mark_done(start, stop)
+
+    def _copy(self, name: str, start_row: int, rows: torch.Tensor) -> None:
+        if not self._ordered or self._caller_hashes:
+            raise producer_failed(
+                f"{self._name}: copy_rows needs a file opened ordered (and without caller_hashes); use write_rows",
+                file=self._name,
+            )
+        if self._closed:
+            raise producer_failed(f"{self._name} is closed; no more writes are accepted", file=self._name)
+        self._owner._check_open()
+        coverage = self._coverage_of(name)
+        placement = coverage.placement
+        start, stop = rows_of_write(self._name, placement, start_row, rows, converts=True)
+        if start == stop:
+            return  # no bytes: nothing to claim, copy or hash
+        begin = placement.begin + start * placement.row_bytes
+        end = begin + (stop - start) * placement.row_bytes
+        header = len(self._layout.header)
+        with self._lock:
+            if start > 0 and not self._hasher.lane.holds(name):
+                raise self._mixed(name, "write_rows")
+            self._claim(coverage, start, stop, ordered_begin=begin)
+            try:
+                mapped = self._mapped
+                if mapped is None:
+                    mapped = self._mapped = _SharedMapping(self._fd, self._layout.size, self._name)
+                mapped.copy_into(header + begin, header + end, placement.spec.dtype, rows)
+            except BaseException:
+                coverage.pending.remove((start, stop))
+                raise
+            coverage.pending.remove((start, stop))
+            coverage.mark_done(start, stop)
+            self._next_byte = end
+            try:
+                self._hasher.lane.feed(name, mapped.view, header + begin, header + end)
+            except OSError as exc:  # an earlier piece of this file failed to hash
+                raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
+
+    def _mixed(self, name: str, first: str) -> BaseException:
+        return producer_failed(
+            f"{self._name}: tensor {name} was begun with {first}; write all of its rows the same way",
+            file=self._name,
+            tensor=name,
+        )
 
     def _claim(self, coverage: RowCoverage, start: int, stop: int, *, ordered_begin: int | None) -> None:
         """Reserve [start, stop) of a tensor for one write, or fail on overlap or order (lock held)."""
@@ -352,6 +413,8 @@ class StagingTensorFileWriter:
                 self._check_complete()
                 try:
                     fault_point("writer.fsync")
+                    if self._mapped is not None:
+                        self._mapped.flush()
                     os.fsync(self._fd)
                 except OSError as exc:
                     raise os_failed(exc, f"fsyncing {self._name}", file=self._name) from exc
@@ -361,6 +424,7 @@ class StagingTensorFileWriter:
                     raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
             finally:
                 self._hasher.drain()
+                self._release_mapping()
                 self._release_fd()
 
     def _check_complete(self) -> None:
@@ -414,6 +478,11 @@ class StagingTensorFileWriter:
             tensors=entries,
         )
 
+    def _release_mapping(self) -> None:
+        mapped, self._mapped = self._mapped, None
+        if mapped is not None:
+            mapped.close()
+
     def _release_fd(self) -> None:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
@@ -425,4 +494,52 @@ class StagingTensorFileWriter:
         with self._lock:
             self._closed = True
             self._hasher.drain()
+            self._release_mapping()
             self._release_fd()
+
+
+class _SharedMapping:
+    """A writable shared mapping of one preallocated payload file, owned by its file writer alone.
+
+    Producers never see it: `copy_rows` converts into it and drops its views before returning,
+    so closing it at file close leaves no writable view of bytes that are about to be published.
+    """
+
+    __slots__ = ("_bytes", "_mapping", "_name", "view")
+
+    def __init__(self, fd: int, size: int, name: str) -> None:
+        import torch  # the caller holds a tensor, so this is a lookup; the module itself stays torch-free
+
+        try:
+            fault_point("writer.map")
+            self._mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            raise os_failed(exc, f"mapping {name} to write into it", file=name) from exc
+        self._name = name
+        self.view = memoryview(self._mapping)
+        self._bytes = torch.frombuffer(self._mapping, dtype=torch.uint8)
+
+    def copy_into(self, begin: int, end: int, dtype: torch.dtype, rows: torch.Tensor) -> None:
+        """`rows` converted to `dtype` into bytes [begin, end) of the file, page tables filled first."""
+        aligned = begin - begin % mmap.PAGESIZE
+        try:
+            self._mapping.madvise(_MADV_POPULATE_WRITE, aligned, end - aligned)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS):  # a kernel before 5.14: the copy faults them in
+                raise os_failed(exc, f"preparing {self._name} for writing", file=self._name) from exc
+        try:
+            fault_point("writer.copy")
+        except OSError as exc:
+            raise os_failed(exc, f"writing into {self._name}", file=self._name) from exc
+        self._bytes[begin:end].view(dtype).view(rows.shape).copy_(rows)
+
+    def flush(self) -> None:
+        """msync the mapping (fsync follows; on tmpfs both are cheap)."""
+        self._mapping.flush()
+
+    def close(self) -> None:
+        """Drop the tensor view and unmap; never raises (called on abort paths too)."""
+        del self._bytes
+        self.view.release()
+        with contextlib.suppress(BufferError, ValueError):  # a view still alive after an error goes with it
+            self._mapping.close()
