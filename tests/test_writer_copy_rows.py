@@ -7,6 +7,7 @@ pwrite path refuses, type its I/O failures, and leave no writable mapping of the
 from __future__ import annotations
 
 import errno
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,3 +132,18 @@ def test_s13_a_hash_failure_behind_the_copy_is_a_typed_io_error(tmp_path: Path) 
         file_writer.close()
     assert caught.value.code is FailureCode.IO_ERROR
     assert writer.failure is not None and writer.failure.code is FailureCode.IO_ERROR
+
+
+def test_copied_rows_are_hashed_behind_the_copy_and_never_read_back(tmp_path: Path) -> None:
+    """S05: every hash of a copied file runs on the writer's hash lane, piece by piece as rows are copied;
+    none reads the file back after it was written (the pool's read-back never runs)."""
+    threads: list[str] = []
+
+    def record(_point: str) -> None:
+        threads.append(threading.current_thread().name)
+
+    with armed("writer.hash", Fault(FaultAction.PAUSE, hook=record, times=1_000_000)):
+        _write(tmp_path, copy=True)
+    pieces = sum(-(-rows.shape[0] // 5) for rows, _dtype in _SOURCES.values())
+    assert len(threads) == pieces
+    assert all(name.startswith("hwr-hash-lane") for name in threads)
