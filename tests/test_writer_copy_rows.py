@@ -1,4 +1,4 @@
-"""`copy_rows`: rows converted straight into a payload file's shared mapping and hashed behind the copy.
+"""`copy_rows`: rows converted by the writer itself, written once and hashed from its buffer behind the write.
 
 The one-pass path must give exactly the bytes and digests of the pwrite path, refuse what the
 pwrite path refuses, type its I/O failures, and leave no writable mapping of the file behind.
@@ -72,8 +72,8 @@ def test_s05_s06_copied_rows_give_the_bytes_and_digests_of_written_rows(tmp_path
 
 
 def test_no_writable_mapping_of_the_file_is_left_after_close(tmp_path: Path) -> None:
-    """S03: the shared mapping copy_rows writes through is gone once the file is closed, so nothing in the
-    process can change the bytes that are about to be published."""
+    """S03: once the file is closed no mapping of it is left in the process, so nothing here can change
+    the bytes that are about to be published."""
     writer, _written = _write(tmp_path, copy=True)
     path = str((writer.staging_dir / "model.safetensors").resolve())
     with open("/proc/self/maps", encoding="utf-8") as maps:

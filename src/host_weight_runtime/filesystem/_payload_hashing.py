@@ -1,6 +1,6 @@
-"""The one place the writer hashes payload bytes: rows copied into a file's mapping are hashed in order on
-one lane thread right behind the copy (still in cache, never read back); other ordered writes are read back
-tensor by tensor on the pool behind the writes; unordered files from one mapping at close.
+"""The one place the writer hashes payload bytes: rows converted by the writer are hashed in order on
+one lane thread from the buffer they were converted into (still in cache, never read back); other
+ordered writes are read back tensor by tensor on the pool behind the writes; unordered files from one mapping at close.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ def hash_file_range(
 class InOrderHashLane:
     """Tree digests of tensors whose bytes are handed over in order, hashed on one thread behind the writer.
 
-    The writer copies rows into the file's shared mapping and hands the lane the byte range it
-    just wrote: the lane hashes it while it is still in cache (on the second core where there is
-    one), and nothing is read back from the file later. One thread keeps each tensor's chunks in
+    The writer converts rows into a reused buffer, writes it and hands the lane that buffer: the
+    lane hashes it while it is still in cache (on the second core where there is one) as the next
+    chunk converts, and nothing is read back from the file later. One thread keeps each tensor's chunks in
     order; the digest is the same tree digest a read-back would give (docs/DIGEST.md).
     """
 
@@ -62,8 +62,10 @@ class InOrderHashLane:
         self._last: Future[None] | None = None
         self._error: BaseException | None = None  # the first failed piece; later pieces are skipped
 
-    def feed(self, name: str, whole: memoryview, begin: int, end: int) -> None:
-        """Hash bytes [begin, end) of `whole` as the next bytes of tensor `name` (the view must outlive `drain`)."""
+    def feed(self, name: str, whole: memoryview, begin: int, end: int) -> Future[None]:
+        """Hash bytes [begin, end) of `whole` as the next bytes of tensor `name`; done when the future is.
+
+        The caller keeps those bytes unchanged until then."""
         hasher = self._hashers.get(name)
         if hasher is None:
             hasher = self._hashers[name] = TreeHasher(self._chunk_bytes, self._algorithm)
@@ -72,6 +74,7 @@ class InOrderHashLane:
         if self._error is not None:
             raise self._error  # an earlier piece failed: stop the writer now rather than at close
         self._last = self._pool.submit(self._hash_piece, hasher, whole, begin, end)
+        return self._last
 
     def _hash_piece(self, hasher: TreeHasher, whole: memoryview, begin: int, end: int) -> None:
         if self._error is not None:

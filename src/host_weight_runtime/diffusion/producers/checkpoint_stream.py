@@ -1,10 +1,10 @@
 """Pre-load production: the same final-layout bytes, streamed straight from the safetensors checkpoint.
 
-No model is built. Rows are mapped from the checkpoint in chunks and cast with the policy's rule
-straight into the payload file (`copy_rows`: the writer's shared mapping of the file, hashed behind
-the cast while the chunk is still in cache), so each byte is read once, converted once and never
-read back; memory beyond the artifact's own pages stays at about one mapped chunk. A writer
-without `copy_rows` gets the cast rows through one reused buffer and `write_rows`.
+No model is built. Rows are mapped from the checkpoint in chunks and handed to the writer's
+`copy_rows`, which casts them with the policy's rule into a reused buffer, writes it and hashes it
+behind the write while the chunk is still in cache: each byte is read once, converted once and never
+read back; memory beyond the writer stays at about three chunks. A writer without `copy_rows` gets
+the cast rows through one reused buffer and `write_rows`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from ._checkpoint import (
 )
 from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, producer_error, production_metadata, write_all
 
-DEFAULT_CHUNK_BYTES = 8 * 2**20
+DEFAULT_CHUNK_BYTES = 32 * 2**20
 """Source bytes cast per step: small enough that the cast rows are still in cache when they are hashed."""
 
 
