@@ -13,18 +13,24 @@ hashes the checkpoint, as the first worker on a node does). `--modes` picks some
 commit) every tree's rows run in the same rounds, so their ratios share the same noise.
 With `--hub` the same rows run in the same rounds from a Hugging Face cache snapshot too
 (the checkpoint's files hard-linked as blobs, loaded offline by repo id), each against
-canonical from that cache: blob names are the content ids, so nothing is hashed.
+canonical from that cache: blob names are the content ids, so nothing is hashed; `--hub-only`
+runs those rows alone. Each round also measures the bounds the cold paths are judged against:
+a raw `posix_fallocate` + `pwrite` + `fsync` of the artifact's bytes on the same tmpfs, and
+single-thread SHA-256 of the checkpoint files divided by the cores available.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import mmap
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +43,7 @@ from host_weight_runtime.diffusion import load_component
 from host_weight_runtime.tools.bench.measure import touch_model
 mode, source, root, cache_dir = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 hub = {"cache_dir": cache_dir, "local_files_only": True} if cache_dir else {}
-started = time.perf_counter()
+started, cpu_started = time.perf_counter(), time.process_time()
 if mode == "canonical":
     model = FluxTransformer2DModel.from_pretrained(source, subfolder="transformer", torch_dtype=torch.bfloat16, **hub)
     outcome = "canonical"
@@ -48,12 +54,13 @@ else:
     model, outcome = loaded.model, str(loaded.outcome)
 loaded_at = time.perf_counter()
 touch_model(model)
-ready = time.perf_counter() - started
+ready, cpu = time.perf_counter() - started, time.process_time() - cpu_started
 published = None
 if mode == "background":
     assert loaded.background_publication.wait(600) and loaded.background_publication.failure is None
     published = time.perf_counter() - started
-print(json.dumps({"s": ready, "load_s": loaded_at - started, "published_s": published, "outcome": outcome}))
+print(json.dumps({"s": ready, "cpu_s": cpu, "load_s": loaded_at - started, "published_s": published,
+                  "outcome": outcome}))
 """
 
 
@@ -85,7 +92,32 @@ def _run(row: _Row, pipeline: Path, hub_cache: Path, shm: Path) -> dict[str, flo
             text=True,
         )
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return {name: float(result[name]) for name in ("s", "load_s", "published_s") if result[name] is not None}
+    return {name: float(result[name]) for name in ("s", "cpu_s", "load_s", "published_s") if result[name] is not None}
+
+
+def _raw_write_s(shm: Path, nbytes: int) -> float:
+    """posix_fallocate + pwrite + fsync of `nbytes` (the artifact's size) on the domain's tmpfs."""
+    block = os.urandom(8 << 20)
+    with tempfile.TemporaryDirectory(dir=shm, prefix="hwr-raw-") as folder:
+        fd = os.open(Path(folder) / "raw.bin", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        try:
+            started = time.perf_counter()
+            os.posix_fallocate(fd, 0, nbytes)
+            for offset in range(0, nbytes, len(block)):
+                os.pwrite(fd, block[: min(len(block), nbytes - offset)], offset)
+            os.fsync(fd)
+            return time.perf_counter() - started
+        finally:
+            os.close(fd)
+
+
+def _sha256_s(files: list[Path]) -> float:
+    """Single-thread SHA-256 of every checkpoint file (the page cache holds them)."""
+    started = time.perf_counter()
+    for path in files:
+        with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            hashlib.sha256(mapped).digest()
+    return time.perf_counter() - started
 
 
 def main() -> None:
@@ -98,6 +130,7 @@ def main() -> None:
     parser.add_argument(
         "--hub", action="store_true", help="also run every row from a Hugging Face cache snapshot, by repo id"
     )
+    parser.add_argument("--hub-only", action="store_true", help="run the hub-cache rows only (implies --hub)")
     parser.add_argument(
         "--modes", default="stream,publish,background", help="HWR rows to run (comma-separated; canonical always runs)"
     )
@@ -111,7 +144,7 @@ def main() -> None:
     from host_weight_runtime.tools.synthetic_models import save_flux_pipeline_folder, save_hub_snapshot
 
     rows: list[_Row] = []
-    for hub in (False, True) if args.hub else (False,):
+    for hub in (True,) if args.hub_only else (False, True) if args.hub else (False,):
         rows.append(_Row(sources[-1], "canonical", hub))
         rows.extend(_Row(src, mode, hub) for src in sources for mode in modes)
     samples: dict[_Row, list[dict[str, float]]] = {row: [] for row in rows}
@@ -119,18 +152,29 @@ def main() -> None:
         pipeline = Path(work) / "pipeline"
         save_flux_pipeline_folder(pipeline, target_bytes=int(2 * args.size_gib * 2**30), seed=0)
         hub_cache = Path(work) / "hub-cache"
-        if args.hub:  # hard links: the same bytes and page cache; each file hashed once here for its blob name
+        if args.hub or args.hub_only:  # hard links: the same bytes and page cache; each file hashed once here for its blob name
             save_hub_snapshot(hub_cache, _HUB_REPO_ID, pipeline, hard_link=True)
         for row in rows:  # warm the page cache and the imports
             if row.mode == "canonical":
                 _run(row, pipeline, hub_cache, args.shm)
+        weights = sorted((pipeline / "transformer").glob("*.safetensors"))
+        raw_s: list[float] = []
+        sha_s: list[float] = []
         for round_index in range(args.rounds):
             order = rows[round_index % len(rows) :] + rows[: round_index % len(rows)]
             for row in order:
                 samples[row].append(_run(row, pipeline, hub_cache, args.shm))
+            raw_s.append(_raw_write_s(args.shm, int(args.size_gib * 2**30)))
+            sha_s.append(_sha256_s(weights))
     canonical = {
         row.hub: statistics.median(run["s"] for run in samples[row]) for row in rows if row.mode == "canonical"
     }
+    raw, sha, cores = statistics.median(raw_s), statistics.median(sha_s), len(os.sched_getaffinity(0))
+    print(
+        f"bounds: raw write+fsync of {args.size_gib} GiB {raw * 1e3:.0f} ms; single-thread SHA-256 of the checkpoint "
+        f"{sha * 1e3:.0f} ms / {cores} cores = {sha / cores * 1e3:.0f} ms"
+    )
+    ready = {row: statistics.median(run["s"] for run in runs) for row, runs in samples.items()}
     for row, runs in samples.items():
         values = [run["s"] for run in runs]
         median = statistics.median(values)
@@ -138,10 +182,19 @@ def main() -> None:
         line = (
             f"{row.label:24s} {row.src}: ready {median * 1e3:7.0f} ms [{min(values) * 1e3:.0f}, {max(values) * 1e3:.0f}]"
             f"  {median / canonical[row.hub]:.2f}x {baseline}; load call {statistics.median(r['load_s'] for r in runs) * 1e3:.0f} ms"
+            f"; CPU {statistics.median(r['cpu_s'] for r in runs) * 1e3:.0f} ms (all threads, until ready)"
         )
         if row.mode == "background":
             published = statistics.median(run["published_s"] for run in runs)
             line += f"; published at {published * 1e3:.0f} ms = {published / canonical[row.hub]:.2f}x {baseline}"
+            if row.hub:
+                line += f" = {published / (canonical[True] + raw):.2f}x (canonical + raw write)"
+        if row.mode == "publish" and row.hub:
+            line += f"; {median / (canonical[True] + raw):.2f}x (canonical + raw write)"
+        hub_twin = _Row(row.src, row.mode, True)
+        if row.mode != "canonical" and not row.hub and hub_twin in ready:
+            extra = median - ready[hub_twin]
+            line += f"; extra over the hub cache {extra * 1e3:.0f} ms = {extra / (sha / cores):.2f}x (SHA-256 / cores)"
         print(line)
 
 

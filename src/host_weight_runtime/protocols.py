@@ -33,6 +33,7 @@ __all__ = [
     "ProductionSourceMode",
     "RemoteArtifactDescriptor",
     "RemoteArtifactProvider",
+    "RowCopyingTensorFileWriter",
     "TensorFileWriter",
     "TensorKind",
     "TensorWriteSpec",
@@ -109,6 +110,17 @@ class TensorFileWriter(Protocol):
     def write_rows(self, name: str, start_row: int, tensor: torch.Tensor) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class RowCopyingTensorFileWriter(TensorFileWriter, Protocol):
+    """A payload file that also converts rows straight into its own bytes (one pass, nothing read back).
+
+    `copy_rows` takes rows of any dtype and writes them converted to the declared dtype with
+    `Tensor.copy_` rounding, in an ordered file's layout order like `write_rows`.
+    """
+
+    def copy_rows(self, name: str, start_row: int, rows: torch.Tensor) -> None: ...
 
 
 @runtime_checkable

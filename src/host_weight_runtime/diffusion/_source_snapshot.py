@@ -178,6 +178,14 @@ def _content_id(path: Path, cache: NodeSourceDigestCache | None) -> tuple[FileSt
     return state, content_id
 
 
+def _size_or_zero(path: Path) -> int:
+    """The file's size for ordering only (a file that cannot be stat'ed fails later, where it is hashed)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def snapshot_sources(
     sources: Sequence[PreparedWeightSource],
     *,
@@ -205,7 +213,11 @@ def snapshot_sources(
     found: list[tuple[FileState, str] | None] = [
         recorded[path] if path in recorded else _known_content_id(path, cache) for _index, path in jobs
     ]
-    to_hash = [position for position, known in enumerate(found) if known is None]
+    # Largest files first: the thread that gets the last file finishes soonest after the others.
+    to_hash = sorted(
+        (position for position, known in enumerate(found) if known is None),
+        key=lambda position: -_size_or_zero(jobs[position][1]),
+    )
     workers = min(len(to_hash), max_workers if max_workers is not None else default_hash_threads())
     if workers <= 1:
         for position in to_hash:

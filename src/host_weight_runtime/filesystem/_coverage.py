@@ -62,10 +62,13 @@ class RowCoverage:
         return None
 
 
-def rows_of_write(file_name: str, placement: Placement, start_row: int | None, tensor: torch.Tensor) -> tuple[int, int]:
+def rows_of_write(
+    file_name: str, placement: Placement, start_row: int | None, tensor: torch.Tensor, *, converts: bool = False
+) -> tuple[int, int]:
     """Validate one write against the declared spec; returns the half-open row interval it covers.
 
     `start_row` is None for `write_tensor` (the whole tensor) and the first row for `write_rows`.
+    `converts`: the writer converts the rows to the declared dtype itself (`copy_rows`), so any dtype is fine.
     """
     import torch  # the producer holds a tensor, so this is a lookup; the module itself stays torch-free
 
@@ -81,7 +84,7 @@ def rows_of_write(file_name: str, placement: Placement, start_row: int | None, t
             file=file_name,
             tensor=spec.name,
         )
-    if tensor.dtype != spec.dtype:
+    if tensor.dtype != spec.dtype and not converts:
         raise producer_failed(
             f"{where}: dtype {tensor.dtype} differs from the declared {spec.dtype}",
             file=file_name,

@@ -1,5 +1,6 @@
-"""The one place the writer hashes payload bytes, always read back from the file just written:
-ordered files tensor by tensor on the pool behind the writes, unordered files from one mapping at close.
+"""The one place the writer hashes payload bytes: rows converted by the writer are hashed in order on
+one lane thread from the buffer they were converted into (still in cache, never read back); other
+ordered writes are read back tensor by tensor on the pool behind the writes; unordered files from one mapping at close.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from .._digest import (
     DEFAULT_DIGEST_ALGORITHM,
     DigestAlgorithm,
+    TreeHasher,
     chunk_digest,
     combine_chunk_digests,
     file_digest,
@@ -22,7 +24,7 @@ from .._faults import fault_point
 from ._safetensors_layout import FileLayout, Placement
 from ._write_failures import os_failed
 
-__all__ = ["PayloadHasher", "hash_file_range"]
+__all__ = ["InOrderHashLane", "PayloadHasher", "hash_file_range"]
 
 
 def hash_file_range(
@@ -41,6 +43,72 @@ def hash_file_range(
         return chunk_digest(piece, algorithm)
 
 
+class InOrderHashLane:
+    """Tree digests of tensors whose bytes are handed over in order, hashed on one thread behind the writer.
+
+    The writer converts rows into a reused buffer, writes it and hands the lane that buffer: the
+    lane hashes it while it is still in cache (on the second core where there is one) as the next
+    chunk converts, and nothing is read back from the file later. One thread keeps each tensor's chunks in
+    order; the digest is the same tree digest a read-back would give (docs/DIGEST.md).
+    """
+
+    __slots__ = ("_algorithm", "_chunk_bytes", "_error", "_hashers", "_last", "_pool")
+
+    def __init__(self, *, chunk_bytes: int, algorithm: DigestAlgorithm) -> None:
+        self._chunk_bytes = chunk_bytes
+        self._algorithm = algorithm
+        self._hashers: dict[str, TreeHasher] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._last: Future[None] | None = None
+        self._error: BaseException | None = None  # the first failed piece; later pieces are skipped
+
+    def feed(self, name: str, whole: memoryview, begin: int, end: int) -> Future[None]:
+        """Hash bytes [begin, end) of `whole` as the next bytes of tensor `name`; done when the future is.
+
+        The caller keeps those bytes unchanged until then."""
+        hasher = self._hashers.get(name)
+        if hasher is None:
+            hasher = self._hashers[name] = TreeHasher(self._chunk_bytes, self._algorithm)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-hash-lane")
+        if self._error is not None:
+            raise self._error  # an earlier piece failed: stop the writer now rather than at close
+        self._last = self._pool.submit(self._hash_piece, hasher, whole, begin, end)
+        return self._last
+
+    def _hash_piece(self, hasher: TreeHasher, whole: memoryview, begin: int, end: int) -> None:
+        if self._error is not None:
+            return
+        try:
+            fault_point("writer.hash")
+            with whole[begin:end] as piece:
+                hasher.update(piece)
+        except BaseException as exc:  # recorded, raised by the writer's next feed or wait
+            self._error = exc
+
+    def holds(self, name: str) -> bool:
+        """Whether tensor `name` is hashed by this lane (it was fed)."""
+        return name in self._hashers
+
+    def digest(self, name: str) -> str:
+        """The tree digest of everything fed for `name`; waits for the lane (its first failure raises)."""
+        self.wait()
+        return self._hashers[name].hexdigest()
+
+    def wait(self) -> None:
+        """Wait until every piece fed so far is hashed; raises the first failure of any of them."""
+        if self._last is not None:
+            self._last.result()
+        if self._error is not None:
+            raise self._error
+
+    def drain(self) -> None:
+        """Stop the lane once every queued piece has run (so none reads a closed mapping); never raises."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
 class PayloadHasher:
     """The digests of one payload file: per tensor, and of the whole file (header included).
 
@@ -48,7 +116,17 @@ class PayloadHasher:
     writer's descriptor, so `drain()` must run before that descriptor is closed.
     """
 
-    __slots__ = ("_algorithm", "_chunk_bytes", "_executor", "_fd", "_hash_threads", "_layout", "_name", "_queued")
+    __slots__ = (
+        "_algorithm",
+        "_chunk_bytes",
+        "_executor",
+        "_fd",
+        "_hash_threads",
+        "_layout",
+        "_name",
+        "_queued",
+        "lane",
+    )
 
     def __init__(
         self,
@@ -69,6 +147,8 @@ class PayloadHasher:
         self._hash_threads = hash_threads
         self._executor = executor
         self._queued: dict[str, list[Future[bytes]]] = {}  # ordered files: chunk hashes by tensor name
+        self.lane = InOrderHashLane(chunk_bytes=chunk_bytes, algorithm=algorithm)
+        """Tensors whose rows were copied into the file's mapping: hashed as they were copied."""
 
     def hash_behind(self, placement: Placement) -> None:
         """Queue the chunks of a completely written tensor for hashing on the pool; later calls do nothing.
@@ -92,6 +172,7 @@ class PayloadHasher:
 
     def drain(self) -> None:
         """Wait for every queued chunk hash, so none reads the file after its descriptor closes; never raises."""
+        self.lane.drain()
         for futures in self._queued.values():
             for future in futures:
                 future.cancel()
@@ -105,6 +186,9 @@ class PayloadHasher:
         digests = []
         try:
             for placement in self._layout.placements:
+                if self.lane.holds(placement.spec.name):
+                    digests.append(self.lane.digest(placement.spec.name))
+                    continue
                 self.hash_behind(placement)  # a tensor with no bytes was never written, so never queued
                 chunk_results = [future.result() for future in self._queued[placement.spec.name]]
                 digests.append(combine_chunk_digests(placement.end - placement.begin, chunk_results, self._algorithm))

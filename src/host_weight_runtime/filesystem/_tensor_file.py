@@ -1,6 +1,9 @@
 """One payload file being written: created preallocated with its header, filled at fixed offsets, then closed.
 
 A file is accepted at close only when every byte of every declared tensor was written exactly once.
+Rows arrive by `pwrite` (`write_tensor`, `write_rows`), or are converted by the writer itself
+(`copy_rows`: one pass, each chunk converted into a reused buffer, hashed from it behind the write, never
+read back from the file).
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ import errno
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -138,6 +142,7 @@ class StagingTensorFileWriter:
 
     __slots__ = (
         "_caller_hashes",
+        "_cast",
         "_closed",
         "_coverage",
         "_fd",
@@ -171,6 +176,7 @@ class StagingTensorFileWriter:
         self._closed = False
         self._result: WrittenFile | None = None
         self._next_byte = 0  # ordered files: the data offset the next write must start at
+        self._cast: _CastBuffers | None = None  # made by the first copy_rows
         self._coverage: dict[str, RowCoverage] = {
             placement.spec.name: RowCoverage(placement) for placement in layout.placements
         }
@@ -217,6 +223,15 @@ class StagingTensorFileWriter:
     def write_rows(self, name: str, start_row: int, tensor: torch.Tensor) -> None:
         """Write `tensor.shape[0]` rows of `name` starting at `start_row`."""
         self._owner._guarded(lambda: self._write(name, start_row, tensor))
+
+    def copy_rows(self, name: str, start_row: int, rows: torch.Tensor) -> None:
+        """Convert `rows` (any dtype, `Tensor.copy_` rounding) straight into rows `start_row`.. of `name`.
+
+        Ordered files only: the rows are converted into one of two reused buffers, written, and
+        hashed from that buffer on the lane while the next chunk converts; nothing is read back.
+        Every row of a tensor comes either from `copy_rows` or from `write_rows`, not both.
+        """
+        self._owner._guarded(lambda: self._copy(name, start_row, rows))
 
     def close(self) -> None:
         """Check coverage, fsync, hash and release the file; later calls do nothing."""
@@ -266,6 +281,8 @@ class StagingTensorFileWriter:
             raise producer_failed(f"{self._name}: tensor {name}: byte count mismatch", file=self._name, tensor=name)
         if self._ordered:
             with self._lock:
+                if self._hasher.lane.holds(name):
+                    raise self._mixed(name, "copy_rows")
                 self._claim(coverage, start, stop, ordered_begin=begin if len(data) else None)
                 try:
                     self._pwrite(data, len(self._layout.header) + begin, name, start, stop)
@@ -292,6 +309,53 @@ class StagingTensorFileWriter:
             coverage.pending.remove((start, stop))
             if stop > start:
                 coverage.mark_done(start, stop)
+
+    def _copy(self, name: str, start_row: int, rows: torch.Tensor) -> None:
+        if not self._ordered or self._caller_hashes:
+            raise producer_failed(
+                f"{self._name}: copy_rows needs a file opened ordered (and without caller_hashes); use write_rows",
+                file=self._name,
+            )
+        if self._closed:
+            raise producer_failed(f"{self._name} is closed; no more writes are accepted", file=self._name)
+        self._owner._check_open()
+        coverage = self._coverage_of(name)
+        placement = coverage.placement
+        start, stop = rows_of_write(self._name, placement, start_row, rows, converts=True)
+        if start == stop:
+            return  # no bytes: nothing to claim, copy or hash
+        begin = placement.begin + start * placement.row_bytes
+        end = begin + (stop - start) * placement.row_bytes
+        header = len(self._layout.header)
+        with self._lock:
+            if start > 0 and not self._hasher.lane.holds(name):
+                raise self._mixed(name, "write_rows")
+            self._claim(coverage, start, stop, ordered_begin=begin)
+            try:
+                cast = self._cast
+                if cast is None:
+                    cast = self._cast = _CastBuffers()
+                index, target = cast.take(end - begin)
+                target.view(placement.spec.dtype).view(rows.shape).copy_(rows)
+                data = target.numpy().data
+                self._pwrite(data, header + begin, name, start, stop)
+            except BaseException:
+                coverage.pending.remove((start, stop))
+                raise
+            coverage.pending.remove((start, stop))
+            coverage.mark_done(start, stop)
+            self._next_byte = end
+            try:
+                cast.hashed_by(index, self._hasher.lane.feed(name, data, 0, len(data)))
+            except OSError as exc:  # an earlier piece of this file failed to hash
+                raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
+
+    def _mixed(self, name: str, first: str) -> BaseException:
+        return producer_failed(
+            f"{self._name}: tensor {name} was begun with {first}; write all of its rows the same way",
+            file=self._name,
+            tensor=name,
+        )
 
     def _claim(self, coverage: RowCoverage, start: int, stop: int, *, ordered_begin: int | None) -> None:
         """Reserve [start, stop) of a tensor for one write, or fail on overlap or order (lock held)."""
@@ -426,3 +490,37 @@ class StagingTensorFileWriter:
             self._closed = True
             self._hasher.drain()
             self._release_fd()
+
+
+class _CastBuffers:
+    """Two reusable buffers that `copy_rows` converts rows into: the lane hashes one while the next is filled.
+
+    Converting into a small buffer that is reused (so its pages stay mapped and mostly in cache) and
+    writing it with `pwrite` costs less CPU than converting into a shared mapping of a tmpfs file, whose
+    page tables and dirty tracking the kernel must fill for every page.
+    """
+
+    __slots__ = ("_buffers", "_next", "_pending")
+
+    def __init__(self) -> None:
+        self._buffers: list[torch.Tensor | None] = [None, None]
+        self._pending: list[Future[None] | None] = [None, None]
+        self._next = 0
+
+    def take(self, nbytes: int) -> tuple[int, torch.Tensor]:
+        """A buffer of `nbytes` (uint8) whose previous bytes are hashed already, and its index."""
+        import torch  # the caller holds a tensor, so this is a lookup; the module itself stays torch-free
+
+        index, self._next = self._next, self._next ^ 1
+        pending, self._pending[index] = self._pending[index], None
+        if pending is not None:
+            futures_wait([pending])  # its failure, if any, is raised by the lane's next feed or wait
+        buffer = self._buffers[index]
+        if buffer is None or buffer.numel() < nbytes:
+            self._buffers[index] = None  # free the smaller one first
+            buffer = self._buffers[index] = torch.empty(nbytes, dtype=torch.uint8)
+        return index, buffer[:nbytes]
+
+    def hashed_by(self, index: int, future: Future[None]) -> None:
+        """Buffer `index` may be reused only once `future` (its hash on the lane) is done."""
+        self._pending[index] = future

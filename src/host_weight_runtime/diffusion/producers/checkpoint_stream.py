@@ -1,8 +1,10 @@
 """Pre-load production: the same final-layout bytes, streamed straight from the safetensors checkpoint.
 
-No model is built. Rows are mapped from the checkpoint in chunks, cast with the policy's
-rule into one reused buffer and written with `write_rows`, so memory beyond the writer
-stays at about two chunks (one mapped, one cast).
+No model is built. Rows are mapped from the checkpoint in chunks and handed to the writer's
+`copy_rows`, which casts them with the policy's rule into a reused buffer, writes it and hashes it
+behind the write while the chunk is still in cache: each byte is read once, converted once and never
+read back; memory beyond the writer stays at about three chunks. A writer without `copy_rows` gets
+the cast rows through one reused buffer and `write_rows`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from ...protocols import (
     LookupPhase,
     ProductionMetadata,
     ProductionSourceMode,
+    RowCopyingTensorFileWriter,
     TensorFileWriter,
     WeightProductionSpec,
 )
@@ -34,7 +37,8 @@ from ._checkpoint import (
 )
 from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, producer_error, production_metadata, write_all
 
-DEFAULT_CHUNK_BYTES = 64 * 2**20
+DEFAULT_CHUNK_BYTES = 32 * 2**20
+"""Source bytes cast per step: small enough that the cast rows are still in cache when they are hashed."""
 
 
 class FinalLayoutBF16CheckpointProducer:
@@ -127,8 +131,8 @@ class FinalLayoutBF16CheckpointProducer:
                     tensor=tensor.name,
                 )
         descriptors: dict[str, int] = {}
-        # Each chunk is cast from a mapping of the checkpoint into one reused buffer and written
-        # (pwrite returns, the writer hashes the file) before the next: no fresh allocation per chunk.
+        # Without copy_rows, each chunk is cast into one reused buffer and written (pwrite returns)
+        # before the next: no fresh allocation per chunk.
         cast_buffer = ScratchBuffer()
         try:
 
@@ -147,10 +151,14 @@ class FinalLayoutBF16CheckpointProducer:
                 if shard is not None:
                     self._write_shard(file_writer, tensor, entry, fd, shard)
                     return
+                copier = file_writer if isinstance(file_writer, RowCopyingTensorFileWriter) else None
                 for start, stop in row_chunks(entry, self._chunk_bytes):
                     self.largest_chunk_bytes = max(self.largest_chunk_bytes, (stop - start) * entry.row_bytes)
                     rows = mapped_rows(fd, entry, start, stop)
-                    file_writer.write_rows(tensor.name, start, cast_buffer.cast(rows, tensor.dtype))
+                    if copier is not None:
+                        copier.copy_rows(tensor.name, start, rows)
+                    else:
+                        file_writer.write_rows(tensor.name, start, cast_buffer.cast(rows, tensor.dtype))
                     del rows  # unmaps the chunk
 
             write_all(writer, context, self._shard_bytes, write_one, self._progress)

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .bounds import bounds_line
 from .names import CANONICAL, COLD, HOT
 from .pipeline_rows import render as render_pipeline_rows
 from .runner import BenchReport
@@ -190,6 +191,7 @@ def markdown(report: BenchReport) -> str:
         f"raw write+fsync {rate('raw_write_fsync_s')}; "
         f"publication {rate('publish_s')}; single-thread SHA-256 {rate('single_thread_sha256_s')}; "
         f"FULL_CHECKSUM {rate('full_checksum_s')}.",
+        *(["", bounds_line(data["cold_bounds"], data.get("source_hashing"))] if "cold_bounds" in data else []),
         *_startup_lines(data.get("cli_startup")),
         *_verification_lines(data.get("background_verification")),
         *_tensor_parallel_lines(data.get("tensor_parallel")),

@@ -23,6 +23,7 @@ from host_weight_runtime._faults import fault_point
 from ..common import JsonValue, remove_tree
 from ..demo_store import _terminate_as_exit
 from ..synthetic_models import TRANSFORMER_SUBFOLDER
+from .bounds import cold_bounds, measure_source_sha256
 from .goals import goals, ratio
 from .machine import describe_machine
 from .measurements import Measurements
@@ -107,6 +108,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = lambda _line: 
             },
             "elapsed_s": time.perf_counter() - started,
         }
+        data["cold_bounds"] = cold_bounds(data)
         data["goals"] = goals(data)
         return BenchReport(data)
 
@@ -140,6 +142,8 @@ def _figures(options: BenchOptions, setup: BenchSetup, say: Callable[[str], None
     bf16_bytes = int(options.size_gib * (1 << 30))
     say("throughput: publication vs raw write+fsync, FULL_CHECKSUM vs single-thread SHA-256")
     throughput = measure_throughput(setup.shm_dir, min(bf16_bytes, setup.prewarm.total_bytes), options.runs)
+    say("bound: single-thread SHA-256 of the checkpoint files (a local folder's content key)")
+    source_hashing = measure_source_sha256(setup.checkpoint_files, options.runs)
     say("start-up: `hwr inspect` in a fresh process vs `python -c pass`")
     startup = measure_cli_startup(setup.warm_root, max(options.runs, STARTUP_MIN_RUNS))
     say("throughput: remote import vs a plain fsspec copy of the same objects")
@@ -171,6 +175,7 @@ def _figures(options: BenchOptions, setup: BenchSetup, say: Callable[[str], None
         )
     return {
         "throughput": _throughput_dict(throughput),
+        "source_hashing": source_hashing,
         "cli_startup": startup.to_dict(),
         "remote_throughput": remote_throughput,
         "tensor_parallel": tensor_parallel,
