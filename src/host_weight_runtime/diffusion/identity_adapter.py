@@ -43,7 +43,7 @@ from .source_identity import (
 )
 from .tensor_layout import FinalLayoutTensor, TensorOwnership, discover_owned_tensors, discover_tensor_ownership
 
-__all__ = ["FinalLayoutIdentityContext", "build_final_layout_identity", "discover_final_layout"]
+__all__ = ["FinalLayoutIdentityContext", "build_final_layout_identity", "discover_final_layout", "model_contracts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +94,20 @@ class FinalLayoutIdentityContext:
         return sum(tensor.nbytes for tensor in self.tensors)
 
 
+def model_contracts(
+    dit_modules: Sequence[tuple[str, torch.nn.Module]], policy: FinalLayoutTensorPolicy
+) -> tuple[FinalLayoutModelContract, ...]:
+    """Each DiT's contract as registered now (a validator may have been replaced since an earlier load)."""
+    return tuple(contract_for_model(module, policy_compute_dtype(policy)) for _name, module in dit_modules)
+
+
 def discover_final_layout(
     dit_modules: Sequence[tuple[str, torch.nn.Module]],
     policy: FinalLayoutTensorPolicy,
     aliases: Mapping[str, str] | None = None,
 ) -> tuple[TensorOwnership, tuple[FinalLayoutModelContract, ...]]:
     """Ownership with policy dtypes, and each DiT's contract; a model without a contract is refused (D08)."""
-    contracts = tuple(contract_for_model(module, policy_compute_dtype(policy)) for _name, module in dit_modules)
+    contracts = model_contracts(dit_modules, policy)
     keep_by_dit = {
         name: contract.keep_in_fp32_modules for (name, _module), contract in zip(dit_modules, contracts, strict=True)
     }

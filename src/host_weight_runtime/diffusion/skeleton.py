@@ -36,7 +36,12 @@ from .contracts import (
     ImplementationIdentity,
 )
 from .dtype_policies import ModelFamilyName, dtype_policy
-from .identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity, discover_final_layout
+from .identity_adapter import (
+    FinalLayoutIdentityContext,
+    build_final_layout_identity,
+    discover_final_layout,
+    model_contracts,
+)
 from .model_family import ImportClock, ModelFamily
 from .models import contract_for_model
 from .source_identity import PreparedWeightSource
@@ -202,8 +207,15 @@ def identify_component(
     """
     chosen = skeleton.policy if policy is None else policy
     dit_modules = [(skeleton.component_name, skeleton.model)]
-    key = ownership_plan_key(skeleton.model, skeleton.component_name, skeleton.request, chosen, skeleton.aliases)
-    discovered = OWNERSHIP_PLANS.plan(key, lambda: discover_final_layout(dit_modules, chosen, skeleton.aliases))
+    # The contracts are looked up on every load, so a replaced validator is the one that checks the restore;
+    # they are part of the plan's key because their FP32 modules shape the ownership.
+    contracts = model_contracts(dit_modules, chosen)
+    key = (
+        ownership_plan_key(skeleton.model, skeleton.component_name, skeleton.request, chosen, skeleton.aliases),
+        contracts,
+    )
+    ownership, _kept = OWNERSHIP_PLANS.plan(key, lambda: discover_final_layout(dit_modules, chosen, skeleton.aliases))
+    discovered = (ownership, contracts)
     context = build_final_layout_identity(
         skeleton.holder,
         dit_modules=dit_modules,
