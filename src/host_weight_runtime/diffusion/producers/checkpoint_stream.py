@@ -10,6 +10,7 @@ the cast rows through one reused buffer and `write_rows`.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from ...failures import FailureCode
 from ...protocols import (
@@ -74,39 +75,13 @@ class FinalLayoutBF16CheckpointProducer:
 
     def checkpoint_index(self) -> dict[str, CheckpointTensor]:
         """DiT tensor name -> where its bytes are in the checkpoint; every owned tensor must be found."""
-        context = self._context
-        by_source: dict[int, dict[str, CheckpointTensor]] = {}
-        for index, source in enumerate(context.source.sources):
-            if not source.use_safetensors:
-                raise producer_error(
-                    FailureCode.PRODUCER_UNSUPPORTED,
-                    f"{source.model_or_path} has no safetensors weights; the streaming producer reads safetensors "
-                    "only (load canonically and publish after load instead)",
-                )
-            keys: dict[str, CheckpointTensor] = {}
-            for path in source.weight_files:
-                try:
-                    keys.update(read_safetensors_header(path))
-                except CheckpointFormatError as exc:
-                    raise producer_error(FailureCode.PRODUCER_FAILED, str(exc), file=str(path)) from exc
-            by_source[index] = keys
-        found: dict[str, CheckpointTensor] = {}
-        missing: list[str] = []
-        for tensor in context.tensors:
-            source_index, key = context.tensor_sources[tensor.name]
-            entry = by_source[source_index].get(key)
-            if entry is None:
-                missing.append(f"{tensor.name} (checkpoint key {key!r})")
-                continue
-            found[tensor.name] = entry
-        if missing:
-            raise producer_error(
-                FailureCode.PRODUCER_FAILED,
-                f"the checkpoint lacks {len(missing)} tensors the model owns, e.g. {missing[:5]}; its keys need a "
-                "conversion the streaming producer does not do, so load canonically instead",
-                missing=len(missing),
-            )
-        return found
+        return index_checkpoint(
+            self._context,
+            lambda name: name,
+            no_safetensors="the streaming producer reads safetensors only (load canonically and publish after load "
+            "instead)",
+            missing_hint="its keys need a conversion the streaming producer does not do, so load canonically instead",
+        )
 
     def _keep_fp32(self, tensor: FinalLayoutTensor) -> tuple[str, ...]:
         context = self._context
@@ -196,3 +171,42 @@ class FinalLayoutBF16CheckpointProducer:
             rows = read_column_ranges(fd, entry, start, stop, ranges)
             self.largest_chunk_bytes = max(self.largest_chunk_bytes, rows.numel() * entry.dtype.itemsize)
             file_writer.write_rows(tensor.name, start, rows.to(tensor.dtype))
+
+
+def index_checkpoint(
+    context: FinalLayoutIdentityContext,
+    checkpoint_name: Callable[[str], str],
+    *,
+    no_safetensors: str,
+    missing_hint: str,
+) -> dict[str, CheckpointTensor]:
+    """Owned name -> the checkpoint tensor `checkpoint_name(name)` is read from; all must be found, else typed."""
+    by_source: dict[int, dict[str, CheckpointTensor]] = {}
+    for index, source in enumerate(context.source.sources):
+        if not source.use_safetensors:
+            raise producer_error(
+                FailureCode.PRODUCER_UNSUPPORTED, f"{source.model_or_path} has no safetensors weights; {no_safetensors}"
+            )
+        keys: dict[str, CheckpointTensor] = {}
+        for path in source.weight_files:
+            try:
+                keys.update(read_safetensors_header(path))
+            except CheckpointFormatError as exc:
+                raise producer_error(FailureCode.PRODUCER_FAILED, str(exc), file=str(path)) from exc
+        by_source[index] = keys
+    found: dict[str, CheckpointTensor] = {}
+    missing: list[str] = []
+    for tensor in context.tensors:
+        source_index, key = context.tensor_sources[checkpoint_name(tensor.name)]
+        entry = by_source[source_index].get(key)
+        if entry is None:
+            missing.append(f"{tensor.name} (checkpoint key {key!r})")
+        else:
+            found[tensor.name] = entry
+    if missing:
+        raise producer_error(
+            FailureCode.PRODUCER_FAILED,
+            f"the checkpoint lacks {len(missing)} tensors the model owns, e.g. {missing[:5]}; {missing_hint}",
+            missing=len(missing),
+        )
+    return found

@@ -33,11 +33,10 @@ from ._checkpoint import (
     mapped_rows,
     read_column_ranges,
     read_rows,
-    read_safetensors_header,
     row_chunks,
 )
 from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, producer_error, production_metadata, write_all
-from .checkpoint_stream import DEFAULT_CHUNK_BYTES, FinalLayoutBF16CheckpointProducer
+from .checkpoint_stream import DEFAULT_CHUNK_BYTES, FinalLayoutBF16CheckpointProducer, index_checkpoint
 from .fp8_stream import FP8StreamCast, FP8TensorRole
 
 __all__ = ["FinalLayoutFP8CheckpointProducer", "streaming_producer"]
@@ -203,36 +202,10 @@ class FinalLayoutFP8CheckpointProducer:
 
     def _checkpoint_index(self) -> dict[str, CheckpointTensor]:
         """Owned name -> the checkpoint tensor it is made from (a scale: its weight's); all must be found."""
-        context = self._context
-        headers: dict[int, dict[str, CheckpointTensor]] = {}
-        for number, source in enumerate(context.source.sources):
-            if not source.use_safetensors:
-                raise producer_error(
-                    FailureCode.PRODUCER_UNSUPPORTED,
-                    f"{source.model_or_path} has no safetensors weights; FP8 is streamed from safetensors only "
-                    "(load it with load_component(..., representation='fp8'), which publishes after the load)",
-                )
-            found: dict[str, CheckpointTensor] = {}
-            for path in source.weight_files:
-                try:
-                    found.update(read_safetensors_header(path))
-                except CheckpointFormatError as exc:
-                    raise producer_error(FailureCode.PRODUCER_FAILED, str(exc), file=str(path)) from exc
-            headers[number] = found
-        index: dict[str, CheckpointTensor] = {}
-        missing: list[str] = []
-        for tensor in context.tensors:
-            source_number, key = context.tensor_sources[self._cast.checkpoint_name(tensor.name)]
-            entry = headers[source_number].get(key)
-            if entry is None:
-                missing.append(f"{tensor.name} (checkpoint key {key!r})")
-            else:
-                index[tensor.name] = entry
-        if missing:
-            raise producer_error(
-                FailureCode.PRODUCER_FAILED,
-                f"the checkpoint lacks {len(missing)} tensors the model owns, e.g. {missing[:5]}; load canonically "
-                "instead",
-                missing=len(missing),
-            )
-        return index
+        return index_checkpoint(
+            self._context,
+            self._cast.checkpoint_name,
+            no_safetensors="FP8 is streamed from safetensors only (load it with load_component(..., "
+            "representation='fp8'), which publishes after the load)",
+            missing_hint="load canonically instead",
+        )
