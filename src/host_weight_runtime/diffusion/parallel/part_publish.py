@@ -17,7 +17,8 @@ from ...outcomes import PostLoadPublicationReport, PostLoadPublicationStatus
 from ...protocols import ArtifactWriter, LookupPhase, ProductionMetadata, ProductionSourceMode, WeightProductionSpec
 from ...runtime import HostWeightRuntime
 from ..identity_adapter import discover_final_layout
-from ..producers._shards import DEFAULT_SHARD_BYTES, producer_error, production_metadata
+from ..producers._shards import DEFAULT_SHARD_BYTES, producer_error, production_metadata, production_spec, write_files
+from ..producers.finalized import write_live
 from ..tensor_layout import tensors_by_name
 from .parts import PartKind, RankParts, part_file_plan
 
@@ -39,14 +40,7 @@ class FinalLayoutPartProducer:
         self._kind = kind
         self._dit_modules = tuple(dit_modules)
         self._shard_bytes = shard_bytes
-        part = parts.part(kind)
-        self._spec = WeightProductionSpec(
-            producer_id=part.spec.producer.producer_id,
-            outputs=(part.identity,),
-            source_mode=ProductionSourceMode.FINALIZED_MODEL,
-            lookup_phase=LookupPhase.POST_LOAD_ONLY,
-            digest_algorithm=part.spec.digest_algorithm,
-        )
+        self._spec = production_spec(parts.part(kind), ProductionSourceMode.FINALIZED_MODEL, LookupPhase.POST_LOAD_ONLY)
 
     @property
     def spec(self) -> WeightProductionSpec:
@@ -63,21 +57,11 @@ class FinalLayoutPartProducer:
                 "published under this key",
             )
         live = tensors_by_name(self._dit_modules)
-        for file_name, group in part_file_plan(part.tensors, self._shard_bytes, self._kind):
-            by_name = {tensor.name: tensor for tensor in group}
-            file_writer = writer.open_tensor_file(file_name, tuple(t.write_spec() for t in group), ordered=True)
-            for spec in getattr(file_writer, "layout", tuple(t.write_spec() for t in group)):
-                tensor = by_name[spec.name]
-                value = live[tensor.name].detach()
-                if value.device.type != "cpu" or value.dtype != tensor.dtype:
-                    raise producer_error(
-                        FailureCode.PRODUCER_FAILED,
-                        f"{tensor.name} is {value.dtype} on {value.device}; a finalized model publishes host "
-                        f"tensors already in their final dtype {tensor.dtype}",
-                        tensor=tensor.name,
-                    )
-                file_writer.write_tensor(tensor.name, value)
-            file_writer.close()
+        write_files(
+            writer,
+            part_file_plan(part.tensors, self._shard_bytes, self._kind),
+            lambda file_writer, tensor: write_live(file_writer, tensor, live),
+        )
         rank.ensure_sources_unchanged()
         return production_metadata(part, ProductionSourceMode.FINALIZED_MODEL.value)
 

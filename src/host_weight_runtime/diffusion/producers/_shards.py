@@ -1,4 +1,4 @@
-"""Splitting the owned tensors into payload files, and the metadata both BF16 producers report."""
+"""Splitting the owned tensors into payload files, and the spec and metadata every final-layout producer reports."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ from collections.abc import Callable, Sequence
 
 from ...canonical_json import CanonicalJson
 from ...failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage
-from ...protocols import ArtifactWriter, ProductionMetadata, TensorFileWriter
+from ...protocols import (
+    ArtifactWriter,
+    LookupPhase,
+    ProductionMetadata,
+    ProductionSourceMode,
+    TensorFileWriter,
+    WeightProductionSpec,
+)
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..tensor_layout import FinalLayoutTensor
 
@@ -47,12 +54,22 @@ def write_all(
     write_one: TensorWriter,
     progress: ProgressCallback | None,
 ) -> None:
+    """Write the context's tensors into payload files of at most `shard_bytes` (`write_files`)."""
+    write_files(writer, plan_shards(context.tensors, shard_bytes), write_one, progress)
+
+
+def write_files(
+    writer: ArtifactWriter,
+    files: Sequence[tuple[str, Sequence[FinalLayoutTensor]]],
+    write_one: TensorWriter,
+    progress: ProgressCallback | None = None,
+) -> None:
     """Open each payload file ordered, write its tensors in the writer's layout order, close it."""
-    total = context.total_bytes
+    total = sum(tensor.nbytes for _file_name, group in files for tensor in group)
     done = 0
     if progress is not None:
         progress(0, total)
-    for file_name, group in plan_shards(context.tensors, shard_bytes):
+    for file_name, group in files:
         by_name = {tensor.name: tensor for tensor in group}
         file_writer = writer.open_tensor_file(file_name, tuple(t.write_spec() for t in group), ordered=True)
         for spec in getattr(file_writer, "layout", tuple(t.write_spec() for t in group)):
@@ -62,6 +79,19 @@ def write_all(
             if progress is not None:
                 progress(done, total)
         file_writer.close()
+
+
+def production_spec(
+    context: FinalLayoutIdentityContext, source_mode: ProductionSourceMode, lookup_phase: LookupPhase
+) -> WeightProductionSpec:
+    """The spec of a producer that makes the one artifact `context` identifies."""
+    return WeightProductionSpec(
+        producer_id=context.spec.producer.producer_id,
+        outputs=(context.identity,),
+        source_mode=source_mode,
+        lookup_phase=lookup_phase,
+        digest_algorithm=context.spec.digest_algorithm,
+    )
 
 
 def production_metadata(context: FinalLayoutIdentityContext, source_mode: str) -> ProductionMetadata:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -17,7 +17,14 @@ from ...protocols import (
 )
 from ..identity_adapter import FinalLayoutIdentityContext, discover_final_layout
 from ..tensor_layout import FinalLayoutTensor, tensors_by_name
-from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, producer_error, production_metadata, write_all
+from ._shards import (
+    DEFAULT_SHARD_BYTES,
+    ProgressCallback,
+    producer_error,
+    production_metadata,
+    production_spec,
+    write_all,
+)
 
 
 class FinalLayoutBF16Producer:
@@ -39,13 +46,7 @@ class FinalLayoutBF16Producer:
         self._dit_modules = tuple(dit_modules)
         self._shard_bytes = shard_bytes
         self._progress = progress
-        self._spec = WeightProductionSpec(
-            producer_id=context.spec.producer.producer_id,
-            outputs=(context.identity,),
-            source_mode=ProductionSourceMode.FINALIZED_MODEL,
-            lookup_phase=LookupPhase.POST_LOAD_ONLY,
-            digest_algorithm=context.spec.digest_algorithm,
-        )
+        self._spec = production_spec(context, ProductionSourceMode.FINALIZED_MODEL, LookupPhase.POST_LOAD_ONLY)
 
     @property
     def spec(self) -> WeightProductionSpec:
@@ -67,18 +68,25 @@ class FinalLayoutBF16Producer:
                 differing=len(differing),
             )
         live = tensors_by_name(self._dit_modules)
-
-        def write_one(file_writer: TensorFileWriter, tensor: FinalLayoutTensor) -> None:
-            value = live[tensor.name].detach()
-            if value.device.type != "cpu" or value.dtype != tensor.dtype:
-                raise producer_error(
-                    FailureCode.PRODUCER_FAILED,
-                    f"{tensor.name} is {value.dtype} on {value.device}; a finalized model publishes host tensors "
-                    f"already in their final dtype {tensor.dtype}",
-                    tensor=tensor.name,
-                )
-            file_writer.write_tensor(tensor.name, value)
-
-        write_all(writer, context, self._shard_bytes, write_one, self._progress)
+        write_all(
+            writer,
+            context,
+            self._shard_bytes,
+            lambda file_writer, tensor: write_live(file_writer, tensor, live),
+            self._progress,
+        )
         context.ensure_sources_unchanged()
         return production_metadata(context, ProductionSourceMode.FINALIZED_MODEL.value)
+
+
+def write_live(file_writer: TensorFileWriter, tensor: FinalLayoutTensor, live: Mapping[str, torch.Tensor]) -> None:
+    """Write the serving model's tensor as it is; one not on the host in its final dtype fails the production."""
+    value = live[tensor.name].detach()
+    if value.device.type != "cpu" or value.dtype != tensor.dtype:
+        raise producer_error(
+            FailureCode.PRODUCER_FAILED,
+            f"{tensor.name} is {value.dtype} on {value.device}; a finalized model publishes host tensors "
+            f"already in their final dtype {tensor.dtype}",
+            tensor=tensor.name,
+        )
+    file_writer.write_tensor(tensor.name, value)
