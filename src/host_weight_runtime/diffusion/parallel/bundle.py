@@ -11,7 +11,6 @@ reads only that part's tensors).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
@@ -37,6 +36,7 @@ from ..producers._checkpoint import (
     row_chunks,
 )
 from ..producers._shards import DEFAULT_SHARD_BYTES, producer_error, production_metadata
+from ..producers._stream import CheckpointFiles
 from ..producers.checkpoint_stream import DEFAULT_CHUNK_BYTES, FinalLayoutBF16CheckpointProducer
 from ..tensor_layout import FinalLayoutTensor
 from .parts import PartKind, RankParts, part_file_plan, split_rank
@@ -114,44 +114,43 @@ class FinalLayoutBF16BundleProducer:
         rank.ensure_sources_unchanged()
         index = self._start_pass(rank)
         self.bytes_read = 0
-        descriptors: dict[str, int] = {}
-
-        def descriptor(entry: CheckpointTensor) -> int:
-            fd = descriptors.get(str(entry.path))
-            if fd is None:
-                fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
-                descriptors[str(entry.path)] = fd
-            return fd
-
         replicated_outputs = [replicated] if making_replicated else []
         made = replicated_outputs + shards
-        try:
-            for kind, contexts in ((PartKind.REPLICATED, replicated_outputs), (PartKind.SHARD, shards)):
-                if not contexts:
-                    continue
-                for file_name, group in part_file_plan(contexts[0].tensors, self._shard_bytes, kind):
-                    files = [
-                        writers.writer_for(context.identity).open_tensor_file(
-                            file_name, tuple(t.write_spec() for t in group), ordered=True
-                        )
-                        for context in contexts
-                    ]
-                    by_name = {tensor.name: tensor for tensor in group}
-                    for spec in getattr(files[0], "layout", tuple(t.write_spec() for t in group)):
-                        entry = index[spec.name]
-                        self._write_everywhere(by_name[spec.name], entry, descriptor(entry), contexts, files)
-                    for file_writer in files:
-                        file_writer.close()
-        except CheckpointFormatError as exc:
-            raise producer_error(FailureCode.PRODUCER_FAILED, str(exc)) from exc
-        finally:
-            for fd in descriptors.values():
-                os.close(fd)
+        with CheckpointFiles() as checkpoint_files:
+            try:
+                for kind, contexts in ((PartKind.REPLICATED, replicated_outputs), (PartKind.SHARD, shards)):
+                    if contexts:
+                        self._write_kind(writers, kind, contexts, index, checkpoint_files)
+            except CheckpointFormatError as exc:
+                raise producer_error(FailureCode.PRODUCER_FAILED, str(exc)) from exc
         rank.ensure_sources_unchanged()
         return {
             context.identity.key: production_metadata(context, ProductionSourceMode.CHECKPOINT_STREAM.value)
             for context in made
         }
+
+    def _write_kind(
+        self,
+        writers: BundleWriter,
+        kind: PartKind,
+        contexts: Sequence[FinalLayoutIdentityContext],
+        index: dict[str, CheckpointTensor],
+        checkpoint_files: CheckpointFiles,
+    ) -> None:
+        """Every payload file of one part kind, written for all `contexts` at once from one read of each tensor."""
+        for file_name, group in part_file_plan(contexts[0].tensors, self._shard_bytes, kind):
+            files = [
+                writers.writer_for(context.identity).open_tensor_file(
+                    file_name, tuple(t.write_spec() for t in group), ordered=True
+                )
+                for context in contexts
+            ]
+            by_name = {tensor.name: tensor for tensor in group}
+            for spec in getattr(files[0], "layout", tuple(t.write_spec() for t in group)):
+                entry = index[spec.name]
+                self._write_everywhere(by_name[spec.name], entry, checkpoint_files.fd(entry), contexts, files)
+            for file_writer in files:
+                file_writer.close()
 
     def _start_pass(self, rank: FinalLayoutIdentityContext) -> dict[str, CheckpointTensor]:
         """Owned name -> the checkpoint tensor it is read from, for one bundle pass over `rank`'s layout."""

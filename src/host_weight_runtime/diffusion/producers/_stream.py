@@ -1,0 +1,199 @@
+"""What the BF16 and FP8 checkpoint-streaming producers (and the TP bundle) share, written once.
+
+The spec of a pre-load stream, the checkpoint files a pass opens, the index from owned names to
+checkpoint tensors, the check that an entry makes its owned tensor, and this rank's rows of an
+entry in bounded chunks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from types import TracebackType
+
+import torch
+
+from ...failures import FailureCode
+from ...protocols import (
+    ArtifactWriter,
+    LookupPhase,
+    ProductionMetadata,
+    ProductionSourceMode,
+    TensorFileWriter,
+    WeightProductionSpec,
+)
+from ..identity_adapter import FinalLayoutIdentityContext
+from ..parallel.plan import TensorShard
+from ..tensor_layout import FinalLayoutTensor
+from ._checkpoint import (
+    CheckpointFormatError,
+    CheckpointTensor,
+    mapped_rows,
+    read_column_ranges,
+    read_rows,
+    read_safetensors_header,
+    row_chunks,
+)
+from ._shards import ProgressCallback, producer_error, production_metadata, production_spec, write_all
+
+StreamedTensorWriter = Callable[[TensorFileWriter, FinalLayoutTensor, CheckpointTensor, int], None]
+"""Writes one non-empty owned tensor from its checkpoint entry, read through the open descriptor."""
+
+
+class CheckpointFiles:
+    """Read-only descriptors of the checkpoint files one pass reads: each opened once, all closed on exit."""
+
+    __slots__ = ("_descriptors",)
+
+    def __init__(self) -> None:
+        self._descriptors: dict[str, int] = {}
+
+    def fd(self, entry: CheckpointTensor) -> int:
+        fd = self._descriptors.get(str(entry.path))
+        if fd is None:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+            self._descriptors[str(entry.path)] = fd
+        return fd
+
+    def __enter__(self) -> CheckpointFiles:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        for fd in self._descriptors.values():
+            os.close(fd)
+        self._descriptors.clear()
+
+
+class CheckpointStreamProducer:
+    """The common part of a producer that streams one artifact from the checkpoint (PRE_LOAD_SAFE,
+    CHECKPOINT_STREAM); a subclass decides how each tensor's entry becomes its final bytes."""
+
+    def __init__(
+        self,
+        context: FinalLayoutIdentityContext,
+        *,
+        shard_bytes: int,
+        chunk_bytes: int,
+        progress: ProgressCallback | None,
+    ) -> None:
+        if type(chunk_bytes) is not int or chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
+        self._context = context
+        self._shard_bytes = shard_bytes
+        self._chunk_bytes = chunk_bytes
+        self._progress = progress
+        self._spec = production_spec(context, ProductionSourceMode.CHECKPOINT_STREAM, LookupPhase.PRE_LOAD_SAFE)
+        self.largest_chunk_bytes = 0
+        """The largest row chunk read so far (source bytes); tests use it to show memory stays bounded."""
+
+    @property
+    def spec(self) -> WeightProductionSpec:
+        return self._spec
+
+    def _stream(
+        self, writer: ArtifactWriter, index: dict[str, CheckpointTensor], write_tensor: StreamedTensorWriter
+    ) -> ProductionMetadata:
+        """Write every non-empty owned tensor from its entry in `index`, then check the sources held still."""
+        context = self._context
+        with CheckpointFiles() as files:
+
+            def write_one(file_writer: TensorFileWriter, tensor: FinalLayoutTensor) -> None:
+                if tensor.nbytes == 0:
+                    return  # nothing to write; the writer treats an empty tensor as complete
+                entry = index[tensor.name]
+                write_tensor(file_writer, tensor, entry, files.fd(entry))
+
+            try:
+                write_all(writer, context, self._shard_bytes, write_one, self._progress)
+            except CheckpointFormatError as exc:
+                raise producer_error(FailureCode.PRODUCER_FAILED, str(exc)) from exc
+        context.ensure_sources_unchanged()
+        return production_metadata(context, ProductionSourceMode.CHECKPOINT_STREAM.value)
+
+    def _keep_fp32(self, tensor: FinalLayoutTensor) -> tuple[str, ...]:
+        context = self._context
+        return context.model_contracts[context.dit_names.index(tensor.dit_name)].keep_in_fp32_modules
+
+    def _check_makes(self, tensor: FinalLayoutTensor, entry: CheckpointTensor, final: torch.dtype, rule: str) -> None:
+        """This rank's part of `entry`, turned into `final` by `rule`, is the owned tensor's shape and dtype."""
+        shard = self._context.tensor_shards.get(tensor.name)
+        shape = entry.shape if shard is None else shard.local_shape(entry.shape)
+        if shape != tensor.shape or final != tensor.dtype:
+            raise producer_error(
+                FailureCode.PRODUCER_FAILED,
+                f"{tensor.name}: the checkpoint holds {entry.dtype} {list(entry.shape)}, which {rule} turns "
+                f"into {final}, but the model expects {tensor.dtype} {list(tensor.shape)}",
+                tensor=tensor.name,
+            )
+
+    def _local_rows(
+        self, fd: int, entry: CheckpointTensor, shard: TensorShard | None
+    ) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first local row, rows) chunks of the whole tensor (mapped), or of this rank's rows (dim 0) or columns
+        (dim 1); each chunk's source bytes are noted in `largest_chunk_bytes`."""
+        for local_row, rows in _local_row_chunks(fd, entry, shard, self._chunk_bytes):
+            self.largest_chunk_bytes = max(self.largest_chunk_bytes, rows.numel() * rows.element_size())
+            yield local_row, rows
+            del rows  # the caller is done with it: a mapped chunk is unmapped before the next is read
+
+
+def _local_row_chunks(
+    fd: int, entry: CheckpointTensor, shard: TensorShard | None, chunk_bytes: int
+) -> Iterator[tuple[int, torch.Tensor]]:
+    if shard is None:
+        for start, stop in row_chunks(entry, chunk_bytes):
+            yield start, mapped_rows(fd, entry, start, stop)
+        return
+    per_chunk = max(1, chunk_bytes // max(entry.row_bytes, 1))
+    if shard.dim == 0:
+        local_row = 0
+        for first, last in shard.ranges():
+            for start in range(first, last, per_chunk):
+                stop = min(last, start + per_chunk)
+                yield local_row, read_rows(fd, entry, start, stop)
+                local_row += stop - start
+        return
+    ranges = shard.ranges()
+    for start in range(0, entry.shape[0], per_chunk):
+        yield start, read_column_ranges(fd, entry, start, min(entry.shape[0], start + per_chunk), ranges)
+
+
+def index_checkpoint(
+    context: FinalLayoutIdentityContext,
+    checkpoint_name: Callable[[str], str],
+    *,
+    no_safetensors: str,
+    missing_hint: str,
+) -> dict[str, CheckpointTensor]:
+    """Owned name -> the checkpoint tensor `checkpoint_name(name)` is read from; all must be found, else typed."""
+    by_source: dict[int, dict[str, CheckpointTensor]] = {}
+    for index, source in enumerate(context.source.sources):
+        if not source.use_safetensors:
+            raise producer_error(
+                FailureCode.PRODUCER_UNSUPPORTED, f"{source.model_or_path} has no safetensors weights; {no_safetensors}"
+            )
+        keys: dict[str, CheckpointTensor] = {}
+        for path in source.weight_files:
+            try:
+                keys.update(read_safetensors_header(path))
+            except CheckpointFormatError as exc:
+                raise producer_error(FailureCode.PRODUCER_FAILED, str(exc), file=str(path)) from exc
+        by_source[index] = keys
+    found: dict[str, CheckpointTensor] = {}
+    missing: list[str] = []
+    for tensor in context.tensors:
+        source_index, key = context.tensor_sources[checkpoint_name(tensor.name)]
+        entry = by_source[source_index].get(key)
+        if entry is None:
+            missing.append(f"{tensor.name} (checkpoint key {key!r})")
+        else:
+            found[tensor.name] = entry
+    if missing:
+        raise producer_error(
+            FailureCode.PRODUCER_FAILED,
+            f"the checkpoint lacks {len(missing)} tensors the model owns, e.g. {missing[:5]}; {missing_hint}",
+            missing=len(missing),
+        )
+    return found
