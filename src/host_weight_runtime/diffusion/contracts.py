@@ -336,7 +336,8 @@ def streamed_final_dtype(
     built_dtype: torch.dtype,
     keep_in_fp32_modules: Sequence[str],
 ) -> torch.dtype:
-    """The final dtype of a tensor streamed from the checkpoint; a policy may decide it from the skeleton's dtype."""
+    """The final dtype of a tensor streamed from the checkpoint: the policy's `final_dtype` of the checkpoint's dtype,
+    unless the policy decides it otherwise (`final_dtype_from_checkpoint`, e.g. from the skeleton's dtype)."""
     decide = getattr(policy, "final_dtype_from_checkpoint", None)
     if decide is None:
         return policy.final_dtype(local_name, checkpoint_dtype, keep_in_fp32_modules)
@@ -349,6 +350,15 @@ def keeps_fp32(local_name: str, keep_in_fp32_modules: Sequence[str]) -> bool:
     """diffusers' rule: a tensor stays FP32 when a kept module name is one of its dotted components."""
     components = local_name.split(".")
     return any(module in components for module in keep_in_fp32_modules)
+
+
+def diffusers_final_dtype(
+    local_name: str, dtype: torch.dtype, keep_in_fp32_modules: Sequence[str], target: torch.dtype
+) -> torch.dtype:
+    """diffusers' cast on load: a floating tensor becomes `target`, or FP32 where the model keeps it; others stay."""
+    if not dtype.is_floating_point:
+        return dtype
+    return torch.float32 if keeps_fp32(local_name, keep_in_fp32_modules) else target
 
 
 _BF16_IMPLEMENTATION_ABI = CanonicalJson.from_value(
@@ -382,24 +392,11 @@ class FinalLayoutBF16Policy:
         return FINAL_LAYOUT_BF16_SPEC
 
     def final_dtype(self, local_name: str, dtype: torch.dtype, keep_in_fp32_modules: Sequence[str]) -> torch.dtype:
-        if not dtype.is_floating_point:
-            return dtype
-        if keeps_fp32(local_name, keep_in_fp32_modules):
-            return torch.float32
-        return torch.bfloat16
+        return diffusers_final_dtype(local_name, dtype, keep_in_fp32_modules, torch.bfloat16)
 
     @property
     def compute_dtype(self) -> torch.dtype:
         return torch.bfloat16
-
-    def final_dtype_from_checkpoint(
-        self,
-        local_name: str,
-        checkpoint_dtype: torch.dtype,
-        built_dtype: torch.dtype,
-        keep_in_fp32_modules: Sequence[str],
-    ) -> torch.dtype:
-        return self.final_dtype(local_name, checkpoint_dtype, keep_in_fp32_modules)
 
     def check_request(self, request: FinalLayoutRequest) -> None:
         """Refuse semantics this representation cannot express, with a typed UNSUPPORTED error (D06)."""

@@ -26,8 +26,8 @@ from .contracts import (
     FinalLayoutArtifactSpec,
     FinalLayoutRequest,
     FinalLayoutTensorPolicy,
+    diffusers_final_dtype,
     implementation_abi_fingerprint,
-    keeps_fp32,
     refuse_unsupported_request,
 )
 
@@ -134,20 +134,7 @@ class DiffusersDtypePolicy:
         return self.dtype
 
     def final_dtype(self, local_name: str, dtype: torch.dtype, keep_in_fp32_modules: Sequence[str]) -> torch.dtype:
-        if not dtype.is_floating_point:
-            return dtype
-        if keeps_fp32(local_name, keep_in_fp32_modules):
-            return torch.float32
-        return self.dtype
-
-    def final_dtype_from_checkpoint(
-        self,
-        local_name: str,
-        checkpoint_dtype: torch.dtype,
-        built_dtype: torch.dtype,
-        keep_in_fp32_modules: Sequence[str],
-    ) -> torch.dtype:
-        return self.final_dtype(local_name, checkpoint_dtype, keep_in_fp32_modules)
+        return diffusers_final_dtype(local_name, dtype, keep_in_fp32_modules, self.dtype)
 
     def check_request(self, request: FinalLayoutRequest) -> None:
         refuse_unsupported_request(self.name, request)

@@ -222,15 +222,6 @@ class FinalLayoutFP8Policy:
     def compute_dtype(self) -> torch.dtype:
         return torch.bfloat16
 
-    def final_dtype_from_checkpoint(
-        self,
-        local_name: str,
-        checkpoint_dtype: torch.dtype,
-        built_dtype: torch.dtype,
-        keep_in_fp32_modules: Sequence[str],
-    ) -> torch.dtype:
-        return self.final_dtype(local_name, checkpoint_dtype, keep_in_fp32_modules)
-
     def check_request(self, request: FinalLayoutRequest) -> None:
         FINAL_LAYOUT_BF16_POLICY.check_request(request)
 
