@@ -48,54 +48,49 @@ def _clip() -> Any:
     )
 
 
+_T5_SIZES: dict[str, Any] = {
+    "vocab_size": 64,
+    "d_model": 32,
+    "d_kv": 8,
+    "d_ff": 64,
+    "num_layers": 2,
+    "num_heads": 4,
+    "relative_attention_num_buckets": 8,
+}
+"""The size of both tiny T5-style encoders (T5 and UMT5)."""
+
+_DECODER_SIZES: dict[str, Any] = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+"""The size of every tiny decoder-style text model (Gemma2, Llama, Qwen2.5-VL's text model)."""
+
+
 def _t5() -> Any:
     from transformers import T5Config
 
-    return T5Config(
-        vocab_size=64,
-        d_model=32,
-        d_kv=8,
-        d_ff=64,
-        num_layers=2,
-        num_heads=4,
-        relative_attention_num_buckets=8,
-        feed_forward_proj="gated-gelu",
-    )
+    return T5Config(**_T5_SIZES, feed_forward_proj="gated-gelu")
 
 
 def _umt5() -> Any:
     from transformers import UMT5Config
 
-    return UMT5Config(
-        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8
-    )
+    return UMT5Config(**_T5_SIZES)
 
 
 def _gemma2() -> Any:
     from transformers import Gemma2Config
 
-    return Gemma2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-    )
+    return Gemma2Config(vocab_size=64, head_dim=8, **_DECODER_SIZES)
 
 
 def _llama() -> Any:
     from transformers import LlamaConfig
 
-    return LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    return LlamaConfig(vocab_size=64, **_DECODER_SIZES)
 
 
 def _qwen2_5_vl() -> Any:
@@ -104,11 +99,7 @@ def _qwen2_5_vl() -> Any:
     return Qwen2_5_VLConfig(
         text_config={
             "vocab_size": 128,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
+            **_DECODER_SIZES,
             "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]},
         },
         vision_config={
