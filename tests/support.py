@@ -164,6 +164,12 @@ class SyntheticProducer:
         return ProductionMetadata(producer_schema=self.producer_schema, restorer_schema=self.restorer_schema)
 
 
+def artifact_keys(root: Path) -> list[str]:
+    """The keys of the artifacts published under the domain `root`, sorted."""
+    artifacts = root / "artifacts"
+    return sorted(path.name for path in artifacts.iterdir()) if artifacts.is_dir() else []
+
+
 def production_count(counter_path: Path) -> int:
     if not counter_path.exists():
         return 0

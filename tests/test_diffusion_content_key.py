@@ -21,71 +21,39 @@ from host_weight_runtime.diffusion import ComponentLoadPath, LoadedComponent, lo
 from host_weight_runtime.diffusion._source_snapshot import key_content_id
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
-from host_weight_runtime.tools.synthetic_models import (
-    forward_inputs,
-    run_forward,
-    save_hub_snapshot,
-    save_pipeline_folder,
-    tiny_spec,
-)
+from host_weight_runtime.tools.synthetic_models import save_hub_snapshot, save_pipeline_folder
 
-KIND = "flux"
-SUBFOLDER = "transformer"
-MODEL_CLASS = "FluxTransformer2DModel"
-REPO_ID = "hwr-test/tiny-flux"
-HWR_VARIABLES = (
-    "HWR_MODE",
-    "HWR_ROOT",
-    "HWR_VALIDATION",
-    "HWR_STORAGE_CLASS",
-    "HWR_ALLOW_LOCAL_BUILD",
-    "HWR_ALLOW_POST_LOAD_PUBLISH",
-    "HWR_LOCK_TIMEOUT_S",
-    "HWR_MAX_ARTIFACT_BYTES",
-    "HWR_MAX_STORE_BYTES",
-    "HWR_MIN_FREE_BYTES",
+from ._tiny_flux import (
+    KIND,
+    MODEL_CLASS,
+    REPO_ID,
+    SUBFOLDER,
+    canonical_flux,
+    flux_forward,
+    isolate_environment,
+    save_tiny_flux,
 )
+from .support import artifact_keys
 
 
 @pytest.fixture(autouse=True)
 def domain(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """What a new user sets: HWR_MODE=preferred and HWR_ROOT; the hub is offline with an empty default cache."""
-    for name in HWR_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+    isolate_environment(monkeypatch, tmp_path)
     root = tmp_path / "domain"
     monkeypatch.setenv("HWR_MODE", "preferred")
     monkeypatch.setenv("HWR_ROOT", str(root))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
     return root
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A FluxPipeline-shaped folder whose transformer/ is a real, seeded tiny Flux model."""
-    return save_pipeline_folder(tmp_path_factory.mktemp("models") / "tiny-flux", KIND, seed=7)
+    return save_tiny_flux(tmp_path_factory, seed=7)
 
 
 @pytest.fixture(scope="module")
 def canonical_output(pipeline: Path) -> torch.Tensor:
-    return _forward(_canonical(pipeline))
-
-
-def _canonical(folder: Path) -> torch.nn.Module:
-    """Exactly what a diffusers user gets from this folder: from_pretrained(torch_dtype=torch.bfloat16)."""
-    model: torch.nn.Module = (
-        tiny_spec(KIND).model_class().from_pretrained(str(folder / SUBFOLDER), torch_dtype=torch.bfloat16)
-    )
-    return model
-
-
-def _forward(model: torch.nn.Module) -> torch.Tensor:
-    return run_forward(KIND, model, forward_inputs(KIND, model))
-
-
-def _artifact_keys(root: Path) -> list[str]:
-    artifacts = root / "artifacts"
-    return sorted(path.name for path in artifacts.iterdir()) if artifacts.is_dir() else []
+    return flux_forward(canonical_flux(pipeline))
 
 
 def _published(loaded: LoadedComponent) -> str:
@@ -101,7 +69,7 @@ def _hit(loaded: LoadedComponent, key: str, expected: torch.Tensor) -> None:
     assert loaded.outcome is ResolutionOutcome.LOCAL_HIT
     assert loaded.load_path is ComponentLoadPath.ARTIFACT
     assert loaded.identity_key == key
-    assert torch.equal(_forward(loaded.model), expected)
+    assert torch.equal(flux_forward(loaded.model), expected)
 
 
 def test_repo_id_and_its_snapshot_folder_share_one_artifact(
@@ -115,10 +83,10 @@ def test_repo_id_and_its_snapshot_folder_share_one_artifact(
 
     with load_component(REPO_ID, subfolder=SUBFOLDER) as by_id:
         key = _published(by_id)
-        assert torch.equal(_forward(by_id.model), canonical_output)
+        assert torch.equal(flux_forward(by_id.model), canonical_output)
     with load_component(snapshot, subfolder=SUBFOLDER) as by_path:
         _hit(by_path, key, canonical_output)
-    assert _artifact_keys(domain) == [key]
+    assert artifact_keys(domain) == [key]
 
 
 def test_copied_folders_hit_the_artifact_of_the_original(
@@ -138,7 +106,7 @@ def test_copied_folders_hit_the_artifact_of_the_original(
     assert not (flattened / SUBFOLDER / "diffusion_pytorch_model.safetensors").is_symlink()
     with load_component(flattened, subfolder=SUBFOLDER) as from_snapshot_copy:
         _hit(from_snapshot_copy, key, canonical_output)
-    assert _artifact_keys(domain) == [key]
+    assert artifact_keys(domain) == [key]
 
 
 def test_a_path_through_a_symlinked_parent_is_the_same_source(
@@ -157,29 +125,29 @@ def test_a_path_through_a_symlinked_parent_is_the_same_source(
     os.symlink(pipeline, link)
     with load_component(str(link), subfolder=SUBFOLDER) as through_link:
         _hit(through_link, key, canonical_output)
-    assert _artifact_keys(domain) == [key]
+    assert artifact_keys(domain) == [key]
 
 
 def test_new_weights_at_the_same_path_get_a_new_key_and_never_the_stale_artifact(tmp_path: Path, domain: Path) -> None:
     """D05/D14: weights rewritten in place (same path, same shapes) are new content: a new key, a canonical
     load of the new weights (no hit on the stale artifact), then a LOCAL_HIT on the new artifact."""
     folder = save_pipeline_folder(tmp_path / "models" / "tiny-flux", KIND, seed=7)
-    old_output = _forward(_canonical(folder))
+    old_output = flux_forward(canonical_flux(folder))
     with load_component(folder, subfolder=SUBFOLDER) as before:
         old_key = _published(before)
-        assert torch.equal(_forward(before.model), old_output)
+        assert torch.equal(flux_forward(before.model), old_output)
 
     save_pipeline_folder(folder, KIND, seed=8)
-    new_output = _forward(_canonical(folder))
+    new_output = flux_forward(canonical_flux(folder))
     assert not torch.equal(new_output, old_output)
     with load_component(folder, subfolder=SUBFOLDER) as after:
         new_key = _published(after)
         assert after.load_path is ComponentLoadPath.CANONICAL
-        assert torch.equal(_forward(after.model), new_output)
+        assert torch.equal(flux_forward(after.model), new_output)
     assert new_key != old_key
     with load_component(folder, subfolder=SUBFOLDER) as again:
         _hit(again, new_key, new_output)
-    assert _artifact_keys(domain) == sorted([old_key, new_key])
+    assert artifact_keys(domain) == sorted([old_key, new_key])
 
 
 def test_the_manifest_records_what_the_artifact_was_built_from(

@@ -31,32 +31,18 @@ from host_weight_runtime.outcomes import (
     ResolutionOutcome,
 )
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import (
-    forward_inputs,
-    run_forward,
-    save_hub_snapshot,
-    save_pipeline_folder,
-    tiny_spec,
-)
+from host_weight_runtime.tools.synthetic_models import save_hub_snapshot
 
-from .support import CHILD_TIMEOUT_S, recv_within, spawned_child
-
-KIND = "flux"
-SUBFOLDER = "transformer"
-MODEL_CLASS = "FluxTransformer2DModel"
-REPO_ID = "hwr-test/tiny-flux"
-HWR_VARIABLES = (
-    "HWR_MODE",
-    "HWR_ROOT",
-    "HWR_VALIDATION",
-    "HWR_STORAGE_CLASS",
-    "HWR_ALLOW_LOCAL_BUILD",
-    "HWR_ALLOW_POST_LOAD_PUBLISH",
-    "HWR_LOCK_TIMEOUT_S",
-    "HWR_MAX_ARTIFACT_BYTES",
-    "HWR_MAX_STORE_BYTES",
-    "HWR_MIN_FREE_BYTES",
+from ._tiny_flux import (
+    MODEL_CLASS,
+    REPO_ID,
+    SUBFOLDER,
+    canonical_flux,
+    flux_forward,
+    isolate_environment,
+    save_tiny_flux,
 )
+from .support import CHILD_TIMEOUT_S, artifact_keys, recv_within, spawned_child
 
 Payload = tuple[str, tuple[int, ...], bytes]
 
@@ -66,29 +52,17 @@ Payload = tuple[str, tuple[int, ...], bytes]
 
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No HWR_* setting leaks in, the hub is offline, and the default hub cache is an empty folder."""
-    for name in HWR_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    isolate_environment(monkeypatch, tmp_path)
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A FluxPipeline-shaped folder whose transformer/ is a real, seeded tiny Flux model."""
-    return save_pipeline_folder(tmp_path_factory.mktemp("models") / "tiny-flux", KIND, seed=7)
+    return save_tiny_flux(tmp_path_factory, seed=7)
 
 
 @pytest.fixture(scope="module")
 def canonical_output(pipeline: Path) -> torch.Tensor:
-    """The forward output of exactly what diffusers gives: from_pretrained(torch_dtype=torch.bfloat16)."""
-    model_class = tiny_spec(KIND).model_class()
-    model = model_class.from_pretrained(str(pipeline / SUBFOLDER), torch_dtype=torch.bfloat16)
-    return _forward(model)
-
-
-def _forward(model: torch.nn.Module) -> torch.Tensor:
-    return run_forward(KIND, model, forward_inputs(KIND, model))
+    return flux_forward(canonical_flux(pipeline))
 
 
 def _runtime(root: Path, mode: RuntimeMode = RuntimeMode.PREFERRED) -> HostWeightRuntime:
@@ -107,11 +81,6 @@ def _from_payload(payload: Payload) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
-def _artifact_keys(root: Path) -> list[str]:
-    artifacts = root / "artifacts"
-    return sorted(path.name for path in artifacts.iterdir()) if artifacts.is_dir() else []
-
-
 def _lease_active(root: Path, key: str) -> bool:
     return FilesystemHostWeightStore(root).inspect_artifact(key).locks.lease_active
 
@@ -127,7 +96,7 @@ def _describe(loaded: LoadedComponent) -> dict[str, Any]:
         "load_path": loaded.load_path.value,
         "identity_key": loaded.identity_key,
         "publication": None if loaded.publication is None else loaded.publication.status.value,
-        "output": _payload(_forward(loaded.model)),
+        "output": _payload(flux_forward(loaded.model)),
     }
 
 
@@ -168,10 +137,10 @@ def test_preferred_publishes_then_a_fresh_process_hits_bit_identically(
             (ResolutionStage.LOOKUP, AttemptResult.MISS),
             (ResolutionStage.PRODUCTION, AttemptResult.SKIPPED),
         ]
-        assert torch.equal(_forward(first.model), canonical_output)
+        assert torch.equal(flux_forward(first.model), canonical_output)
         key = first.identity_key
     assert key is not None
-    assert _artifact_keys(root) == [key]
+    assert artifact_keys(root) == [key]
     assert not _lease_active(root, key), "publication must close the lease it obtained"
 
     with spawned_child(_load_in_child, str(root), str(pipeline)) as conn:
@@ -183,7 +152,7 @@ def test_preferred_publishes_then_a_fresh_process_hits_bit_identically(
     restored = _from_payload(second["output"])
     assert restored.dtype == canonical_output.dtype
     assert torch.equal(restored, canonical_output)
-    assert _artifact_keys(root) == [key]
+    assert artifact_keys(root) == [key]
 
 
 def test_required_streams_the_checkpoint_into_the_artifact_first(
@@ -198,12 +167,12 @@ def test_required_streams_the_checkpoint_into_the_artifact_first(
         assert first.load_path is ComponentLoadPath.ARTIFACT
         assert first.publication is None and first.lease is not None
         assert type(first.model).__name__ == MODEL_CLASS
-        assert torch.equal(_forward(first.model), canonical_output)
+        assert torch.equal(flux_forward(first.model), canonical_output)
     with load_component(pipeline, subfolder=SUBFOLDER, runtime=runtime) as second:
         assert second.outcome is ResolutionOutcome.LOCAL_HIT
         assert second.identity_key == first.identity_key
-        assert torch.equal(_forward(second.model), canonical_output)
-    assert _artifact_keys(root) == [first.identity_key]
+        assert torch.equal(flux_forward(second.model), canonical_output)
+    assert artifact_keys(root) == [first.identity_key]
 
 
 def test_stream_on_miss_in_preferred_is_local_production(
@@ -216,8 +185,8 @@ def test_stream_on_miss_in_preferred_is_local_production(
         assert loaded.outcome is ResolutionOutcome.LOCAL_PRODUCTION
         assert loaded.load_path is ComponentLoadPath.ARTIFACT
         assert loaded.publication is None
-        assert torch.equal(_forward(loaded.model), canonical_output)
-    assert _artifact_keys(root) == [loaded.identity_key]
+        assert torch.equal(flux_forward(loaded.model), canonical_output)
+    assert artifact_keys(root) == [loaded.identity_key]
 
 
 def test_both_producers_build_the_same_key_and_the_same_tensors(tmp_path: Path, pipeline: Path) -> None:
@@ -268,7 +237,7 @@ def test_required_without_a_producer_fails_on_a_miss(tmp_path: Path, pipeline: P
         load_component(pipeline, subfolder=SUBFOLDER, runtime=runtime, stream_on_miss=False)
     assert raised.value.failure.code is FailureCode.NOT_FOUND
     assert raised.value.failure.stage is ResolutionStage.LOOKUP
-    assert _artifact_keys(root) == []
+    assert artifact_keys(root) == []
 
 
 def test_the_key_does_not_depend_on_how_the_folder_is_spelled(
@@ -283,7 +252,7 @@ def test_the_key_does_not_depend_on_how_the_folder_is_spelled(
         with load_component(spelling, subfolder=SUBFOLDER, runtime=_runtime(root)) as loaded:
             keys.add(loaded.identity_key)
     assert len(keys) == 1, keys
-    assert len(_artifact_keys(root)) == 1
+    assert len(artifact_keys(root)) == 1
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -299,10 +268,10 @@ def test_runtime_none_reads_hwr_mode_and_root_from_the_environment(
     with load_component(pipeline, subfolder=SUBFOLDER) as loaded:
         assert loaded.outcome is ResolutionOutcome.LOCAL_PRODUCTION  # REQUIRED streams on a miss
         assert loaded.resolution is not None and loaded.resolution.mode == RuntimeMode.REQUIRED.value
-        assert torch.equal(_forward(loaded.model), canonical_output)
+        assert torch.equal(flux_forward(loaded.model), canonical_output)
         assert loaded.domain_root == root and loaded.summary()["domain_root"] == str(root)  # it says where
     assert (root / "domain.json").is_file()
-    assert _artifact_keys(root) == [loaded.identity_key]
+    assert artifact_keys(root) == [loaded.identity_key]
 
     monkeypatch.setenv("HWR_MODE", "preferred")
     with load_component(pipeline, subfolder=SUBFOLDER) as again:
@@ -320,7 +289,7 @@ def test_disabled_loads_canonically_and_creates_nothing(
         assert loaded.outcome in (None, ResolutionOutcome.CANONICAL_DIRECT)
         assert loaded.publication is None and loaded.lease is None and loaded.identity_key is None
         assert loaded.domain_root is None
-        assert torch.equal(_forward(loaded.model), canonical_output)
+        assert torch.equal(flux_forward(loaded.model), canonical_output)
     assert not root.exists()
 
 
@@ -339,14 +308,14 @@ def test_repo_id_resolves_through_the_local_hub_cache(
         assert first.outcome is ResolutionOutcome.CANONICAL_FALLBACK
         assert first.publication is not None
         assert first.publication.status is PostLoadPublicationStatus.PUBLISHED
-        assert torch.equal(_forward(first.model), canonical_output)
+        assert torch.equal(flux_forward(first.model), canonical_output)
 
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     with load_component(REPO_ID, subfolder=SUBFOLDER, runtime=_runtime(root)) as second:
         assert second.outcome is ResolutionOutcome.LOCAL_HIT
         assert second.load_path is ComponentLoadPath.ARTIFACT
         assert second.identity_key == first.identity_key
-        assert torch.equal(_forward(second.model), canonical_output)
+        assert torch.equal(flux_forward(second.model), canonical_output)
 
 
 def test_repo_id_missing_from_the_cache_is_not_found(tmp_path: Path) -> None:
@@ -358,7 +327,7 @@ def test_repo_id_missing_from_the_cache_is_not_found(tmp_path: Path) -> None:
         load_component("hwr-test/not-cached", subfolder=SUBFOLDER, runtime=_runtime(root), cache_dir=cache)
     assert raised.value.failure.code is FailureCode.NOT_FOUND
     assert list(cache.iterdir()) == []
-    assert _artifact_keys(root) == []
+    assert artifact_keys(root) == []
 
 
 # ----------------------------------------------------------------------------- restore failures
@@ -397,8 +366,8 @@ def test_restore_failure_in_preferred_falls_back_to_a_working_canonical_model(
         assert loaded.restore_failure.code is FailureCode.RESTORE_FAILED
         assert loaded.lease is None and loaded.publication is None
         assert not _lease_active(root, key), "the lease of a failed restore must be closed"
-        assert torch.equal(_forward(loaded.model), canonical_output)
-    assert _artifact_keys(root) == [key]
+        assert torch.equal(flux_forward(loaded.model), canonical_output)
+    assert artifact_keys(root) == [key]
 
 
 def test_restore_failure_in_required_raises_restore_failed(
@@ -479,7 +448,7 @@ def test_folder_without_config_json_is_refused(tmp_path: Path, pipeline: Path) -
     with pytest.raises(ValueError, match=r"config\.json") as raised:
         load_component(pipeline, runtime=_runtime(root))
     assert "subfolder" in str(raised.value)
-    assert _artifact_keys(root) == []
+    assert artifact_keys(root) == []
 
 
 # ----------------------------------------------------------------------------- concurrent cold starts
@@ -513,5 +482,5 @@ def test_two_cold_starters_publish_once(tmp_path: Path, pipeline: Path, canonica
     }, other
     for report in reports:
         assert torch.equal(_from_payload(report["output"]), canonical_output)
-    assert _artifact_keys(root) == sorted(keys)
+    assert artifact_keys(root) == sorted(keys)
     assert list((root / "tmp").iterdir()) == []
