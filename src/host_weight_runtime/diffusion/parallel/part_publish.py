@@ -14,7 +14,7 @@ import torch
 
 from ...failures import FailureCode
 from ...outcomes import PostLoadPublicationReport, PostLoadPublicationStatus
-from ...protocols import ArtifactWriter, LookupPhase, ProductionMetadata, ProductionSourceMode, WeightProductionSpec
+from ...protocols import ArtifactWriter, ProductionMetadata, ProductionSourceMode, WeightProductionSpec
 from ...runtime import HostWeightRuntime
 from ..identity_adapter import discover_final_layout
 from ..producers._shards import DEFAULT_SHARD_BYTES, producer_error, production_metadata, production_spec, write_files
@@ -40,7 +40,7 @@ class FinalLayoutPartProducer:
         self._kind = kind
         self._dit_modules = tuple(dit_modules)
         self._shard_bytes = shard_bytes
-        self._spec = production_spec(parts.part(kind), ProductionSourceMode.FINALIZED_MODEL, LookupPhase.POST_LOAD_ONLY)
+        self._spec = production_spec(parts.part(kind), ProductionSourceMode.FINALIZED_MODEL)
 
     @property
     def spec(self) -> WeightProductionSpec:

@@ -24,6 +24,11 @@ ProgressCallback = Callable[[int, int], None]
 
 TensorWriter = Callable[[TensorFileWriter, FinalLayoutTensor], None]
 
+_LOOKUP_PHASE = {
+    ProductionSourceMode.CHECKPOINT_STREAM: LookupPhase.PRE_LOAD_SAFE,
+    ProductionSourceMode.FINALIZED_MODEL: LookupPhase.POST_LOAD_ONLY,
+}
+
 
 def producer_error(code: FailureCode, message: str, **details: str | int) -> HostWeightError:
     return HostWeightError(
@@ -81,15 +86,14 @@ def write_files(
         file_writer.close()
 
 
-def production_spec(
-    context: FinalLayoutIdentityContext, source_mode: ProductionSourceMode, lookup_phase: LookupPhase
-) -> WeightProductionSpec:
-    """The spec of a producer that makes the one artifact `context` identifies."""
+def production_spec(context: FinalLayoutIdentityContext, source_mode: ProductionSourceMode) -> WeightProductionSpec:
+    """The spec of a producer of the one artifact `context` identifies: one that reads the checkpoint may run
+    before the load, one that reads the finalized model only after it."""
     return WeightProductionSpec(
         producer_id=context.spec.producer.producer_id,
         outputs=(context.identity,),
         source_mode=source_mode,
-        lookup_phase=lookup_phase,
+        lookup_phase=_LOOKUP_PHASE[source_mode],
         digest_algorithm=context.spec.digest_algorithm,
     )
 

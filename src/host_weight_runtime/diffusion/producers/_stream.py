@@ -1,8 +1,7 @@
 """What the BF16 and FP8 checkpoint-streaming producers (and the TP bundle) share, written once.
 
-The spec of a pre-load stream, the checkpoint files a pass opens, the index from owned names to
-checkpoint tensors, the check that an entry makes its owned tensor, and this rank's rows of an
-entry in bounded chunks.
+The spec of a pre-load stream, the checkpoint files a pass opens, the check that an entry makes
+its owned tensor, and this rank's rows of an entry in bounded chunks.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import torch
 from ...failures import FailureCode
 from ...protocols import (
     ArtifactWriter,
-    LookupPhase,
     ProductionMetadata,
     ProductionSourceMode,
     TensorFileWriter,
@@ -25,15 +23,7 @@ from ...protocols import (
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..parallel.plan import TensorShard
 from ..tensor_layout import FinalLayoutTensor
-from ._checkpoint import (
-    CheckpointFormatError,
-    CheckpointTensor,
-    mapped_rows,
-    read_column_ranges,
-    read_rows,
-    read_safetensors_header,
-    row_chunks,
-)
+from ._checkpoint import CheckpointFormatError, CheckpointTensor, mapped_rows, read_column_ranges, read_rows, row_chunks
 from ._shards import ProgressCallback, producer_error, production_metadata, production_spec, write_all
 
 StreamedTensorWriter = Callable[[TensorFileWriter, FinalLayoutTensor, CheckpointTensor, int], None]
@@ -84,7 +74,7 @@ class CheckpointStreamProducer:
         self._shard_bytes = shard_bytes
         self._chunk_bytes = chunk_bytes
         self._progress = progress
-        self._spec = production_spec(context, ProductionSourceMode.CHECKPOINT_STREAM, LookupPhase.PRE_LOAD_SAFE)
+        self._spec = production_spec(context, ProductionSourceMode.CHECKPOINT_STREAM)
         self.largest_chunk_bytes = 0
         """The largest row chunk read so far (source bytes); tests use it to show memory stays bounded."""
 
@@ -158,42 +148,3 @@ def _local_row_chunks(
     ranges = shard.ranges()
     for start in range(0, entry.shape[0], per_chunk):
         yield start, read_column_ranges(fd, entry, start, min(entry.shape[0], start + per_chunk), ranges)
-
-
-def index_checkpoint(
-    context: FinalLayoutIdentityContext,
-    checkpoint_name: Callable[[str], str],
-    *,
-    no_safetensors: str,
-    missing_hint: str,
-) -> dict[str, CheckpointTensor]:
-    """Owned name -> the checkpoint tensor `checkpoint_name(name)` is read from; all must be found, else typed."""
-    by_source: dict[int, dict[str, CheckpointTensor]] = {}
-    for index, source in enumerate(context.source.sources):
-        if not source.use_safetensors:
-            raise producer_error(
-                FailureCode.PRODUCER_UNSUPPORTED, f"{source.model_or_path} has no safetensors weights; {no_safetensors}"
-            )
-        keys: dict[str, CheckpointTensor] = {}
-        for path in source.weight_files:
-            try:
-                keys.update(read_safetensors_header(path))
-            except CheckpointFormatError as exc:
-                raise producer_error(FailureCode.PRODUCER_FAILED, str(exc), file=str(path)) from exc
-        by_source[index] = keys
-    found: dict[str, CheckpointTensor] = {}
-    missing: list[str] = []
-    for tensor in context.tensors:
-        source_index, key = context.tensor_sources[checkpoint_name(tensor.name)]
-        entry = by_source[source_index].get(key)
-        if entry is None:
-            missing.append(f"{tensor.name} (checkpoint key {key!r})")
-        else:
-            found[tensor.name] = entry
-    if missing:
-        raise producer_error(
-            FailureCode.PRODUCER_FAILED,
-            f"the checkpoint lacks {len(missing)} tensors the model owns, e.g. {missing[:5]}; {missing_hint}",
-            missing=len(missing),
-        )
-    return found

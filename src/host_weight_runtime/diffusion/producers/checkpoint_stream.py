@@ -9,18 +9,16 @@ the cast rows through one reused buffer and `write_rows`.
 
 from __future__ import annotations
 
-from ...protocols import (
-    ArtifactWriter,
-    ProductionMetadata,
-    RowCopyingTensorFileWriter,
-    TensorFileWriter,
-)
+from collections.abc import Callable
+
+from ...failures import FailureCode
+from ...protocols import ArtifactWriter, ProductionMetadata, RowCopyingTensorFileWriter, TensorFileWriter
 from ..contracts import streamed_final_dtype
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..tensor_layout import FinalLayoutTensor
-from ._checkpoint import CheckpointTensor, ScratchBuffer, read_rows
-from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback
-from ._stream import CheckpointStreamProducer, index_checkpoint
+from ._checkpoint import CheckpointFormatError, CheckpointTensor, ScratchBuffer, read_rows, read_safetensors_header
+from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, producer_error
+from ._stream import CheckpointStreamProducer
 
 DEFAULT_CHUNK_BYTES = 32 * 2**20
 """Source bytes cast per step: small enough that the cast rows are still in cache when they are hashed."""
@@ -80,3 +78,42 @@ class FinalLayoutBF16CheckpointProducer(CheckpointStreamProducer):
                 del rows  # unmaps a mapped chunk before the next
 
         return self._stream(writer, index, write_tensor)
+
+
+def index_checkpoint(
+    context: FinalLayoutIdentityContext,
+    checkpoint_name: Callable[[str], str],
+    *,
+    no_safetensors: str,
+    missing_hint: str,
+) -> dict[str, CheckpointTensor]:
+    """Owned name -> the checkpoint tensor `checkpoint_name(name)` is read from; all must be found, else typed."""
+    by_source: dict[int, dict[str, CheckpointTensor]] = {}
+    for index, source in enumerate(context.source.sources):
+        if not source.use_safetensors:
+            raise producer_error(
+                FailureCode.PRODUCER_UNSUPPORTED, f"{source.model_or_path} has no safetensors weights; {no_safetensors}"
+            )
+        keys: dict[str, CheckpointTensor] = {}
+        for path in source.weight_files:
+            try:
+                keys.update(read_safetensors_header(path))
+            except CheckpointFormatError as exc:
+                raise producer_error(FailureCode.PRODUCER_FAILED, str(exc), file=str(path)) from exc
+        by_source[index] = keys
+    found: dict[str, CheckpointTensor] = {}
+    missing: list[str] = []
+    for tensor in context.tensors:
+        source_index, key = context.tensor_sources[checkpoint_name(tensor.name)]
+        entry = by_source[source_index].get(key)
+        if entry is None:
+            missing.append(f"{tensor.name} (checkpoint key {key!r})")
+        else:
+            found[tensor.name] = entry
+    if missing:
+        raise producer_error(
+            FailureCode.PRODUCER_FAILED,
+            f"the checkpoint lacks {len(missing)} tensors the model owns, e.g. {missing[:5]}; {missing_hint}",
+            missing=len(missing),
+        )
+    return found

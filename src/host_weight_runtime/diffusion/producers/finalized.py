@@ -9,7 +9,6 @@ import torch
 from ...failures import FailureCode
 from ...protocols import (
     ArtifactWriter,
-    LookupPhase,
     ProductionMetadata,
     ProductionSourceMode,
     TensorFileWriter,
@@ -46,7 +45,7 @@ class FinalLayoutBF16Producer:
         self._dit_modules = tuple(dit_modules)
         self._shard_bytes = shard_bytes
         self._progress = progress
-        self._spec = production_spec(context, ProductionSourceMode.FINALIZED_MODEL, LookupPhase.POST_LOAD_ONLY)
+        self._spec = production_spec(context, ProductionSourceMode.FINALIZED_MODEL)
 
     @property
     def spec(self) -> WeightProductionSpec:

@@ -16,8 +16,8 @@ from ..identity_adapter import FinalLayoutIdentityContext
 from ..tensor_layout import FinalLayoutTensor
 from ._checkpoint import CheckpointTensor, read_rows
 from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, producer_error
-from ._stream import CheckpointStreamProducer, index_checkpoint
-from .checkpoint_stream import DEFAULT_CHUNK_BYTES, FinalLayoutBF16CheckpointProducer
+from ._stream import CheckpointStreamProducer
+from .checkpoint_stream import DEFAULT_CHUNK_BYTES, FinalLayoutBF16CheckpointProducer, index_checkpoint
 from .fp8_stream import FP8StreamCast, FP8TensorRole
 
 __all__ = ["FinalLayoutFP8CheckpointProducer", "streaming_producer"]
