@@ -2,7 +2,8 @@
 
 A real FluxTransformer2DModel built small with a fixed seed and saved as a pipeline folder; what
 a diffusers user gets from it (`from_pretrained(torch_dtype=torch.bfloat16)`); and an environment
-where no HWR_* setting leaks in and the hub is offline with an empty default cache.
+where no HWR_* setting leaks in and the hub is offline with an empty default cache. A test module
+takes the `pipeline` and `canonical_output` fixtures by importing their functions.
 """
 
 from __future__ import annotations
@@ -40,9 +41,16 @@ def isolate_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
 
 
-def save_tiny_flux(tmp_path_factory: pytest.TempPathFactory, *, seed: int) -> Path:
-    """A FluxPipeline-shaped folder whose transformer/ is a real, seeded tiny Flux model."""
-    return save_pipeline_folder(tmp_path_factory.mktemp("models") / "tiny-flux", KIND, seed=seed)
+@pytest.fixture(scope="module", name="pipeline")
+def tiny_flux_pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A FluxPipeline-shaped folder whose transformer/ is a real, seeded tiny Flux model (one per test module)."""
+    return save_pipeline_folder(tmp_path_factory.mktemp("models") / "tiny-flux", KIND, seed=7)
+
+
+@pytest.fixture(scope="module", name="canonical_output")
+def tiny_flux_canonical_output(pipeline: Path) -> torch.Tensor:
+    """The forward output of exactly what diffusers gives for `pipeline`."""
+    return flux_forward(canonical_flux(pipeline))
 
 
 def canonical_flux(folder: Path) -> torch.nn.Module:

@@ -23,7 +23,7 @@ from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
 from host_weight_runtime.tools.synthetic_models import save_hub_snapshot, save_pipeline_folder
 
-from ._tiny_flux import (
+from ._tiny_flux import (  # noqa: F401 - fixtures the tests take
     KIND,
     MODEL_CLASS,
     REPO_ID,
@@ -31,7 +31,8 @@ from ._tiny_flux import (
     canonical_flux,
     flux_forward,
     isolate_environment,
-    save_tiny_flux,
+    tiny_flux_canonical_output,
+    tiny_flux_pipeline,
 )
 from .support import artifact_keys
 
@@ -44,16 +45,6 @@ def domain(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("HWR_MODE", "preferred")
     monkeypatch.setenv("HWR_ROOT", str(root))
     return root
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_flux(tmp_path_factory, seed=7)
-
-
-@pytest.fixture(scope="module")
-def canonical_output(pipeline: Path) -> torch.Tensor:
-    return flux_forward(canonical_flux(pipeline))
 
 
 def _published(loaded: LoadedComponent) -> str:

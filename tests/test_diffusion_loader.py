@@ -33,14 +33,14 @@ from host_weight_runtime.outcomes import (
 from host_weight_runtime.runtime import HostWeightRuntime
 from host_weight_runtime.tools.synthetic_models import save_hub_snapshot
 
-from ._tiny_flux import (
+from ._tiny_flux import (  # noqa: F401 - fixtures the tests take
     MODEL_CLASS,
     REPO_ID,
     SUBFOLDER,
-    canonical_flux,
     flux_forward,
     isolate_environment,
-    save_tiny_flux,
+    tiny_flux_canonical_output,
+    tiny_flux_pipeline,
 )
 from .support import CHILD_TIMEOUT_S, artifact_keys, recv_within, spawned_child
 
@@ -53,16 +53,6 @@ Payload = tuple[str, tuple[int, ...], bytes]
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     isolate_environment(monkeypatch, tmp_path)
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_flux(tmp_path_factory, seed=7)
-
-
-@pytest.fixture(scope="module")
-def canonical_output(pipeline: Path) -> torch.Tensor:
-    return flux_forward(canonical_flux(pipeline))
 
 
 def _runtime(root: Path, mode: RuntimeMode = RuntimeMode.PREFERRED) -> HostWeightRuntime:
