@@ -25,6 +25,13 @@ def require_exact_keys(obj: Mapping[str, object], keys: frozenset[str], where: s
         raise ValueError(f"{where} is missing field(s) {missing}")
 
 
+def require_record(value: object, keys: frozenset[str], where: str) -> Mapping[str, object]:
+    """A JSON object with exactly `keys`: anything else is a ValueError naming what is wrong."""
+    obj = require_object(value, where)
+    require_exact_keys(obj, keys, where)
+    return obj
+
+
 def get_str(obj: Mapping[str, object], key: str, where: str) -> str:
     value = obj[key]
     if type(value) is not str:

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ._strict import get_bool, get_json, get_str, require_exact_keys, require_json_field, require_object
+from ._strict import get_bool, get_json, get_str, require_json_field, require_record
 from .canonical_json import CanonicalJson, JsonValue
 
 
@@ -97,8 +97,7 @@ class HostWeightFailure:
     @classmethod
     def from_dict(cls, value: object) -> HostWeightFailure:
         where = "failure"
-        obj = require_object(value, where)
-        require_exact_keys(obj, frozenset({"stage", "code", "retryable", "message", "details"}), where)
+        obj = require_record(value, frozenset({"stage", "code", "retryable", "message", "details"}), where)
         return cls(
             stage=ResolutionStage(get_str(obj, "stage", where)),
             code=FailureCode(get_str(obj, "code", where)),

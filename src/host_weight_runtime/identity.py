@@ -14,10 +14,9 @@ from ._strict import (
     get_json,
     get_optional_str,
     get_str,
-    require_exact_keys,
     require_int_field,
     require_json_field,
-    require_object,
+    require_record,
     require_str_field,
 )
 from .canonical_json import CanonicalJson, JsonValue, encode_canonical
@@ -53,8 +52,7 @@ class WeightSourceIdentity:
     @classmethod
     def from_dict(cls, value: object) -> WeightSourceIdentity:
         where = "source"
-        obj = require_object(value, where)
-        require_exact_keys(obj, frozenset({"model_id", "revision", "fingerprint", "metadata"}), where)
+        obj = require_record(value, frozenset({"model_id", "revision", "fingerprint", "metadata"}), where)
         return cls(
             model_id=get_str(obj, "model_id", where),
             revision=get_optional_str(obj, "revision", where),
@@ -82,8 +80,7 @@ class ComponentIdentity:
     @classmethod
     def from_dict(cls, value: object) -> ComponentIdentity:
         where = "component"
-        obj = require_object(value, where)
-        require_exact_keys(obj, frozenset({"name", "ownership", "metadata"}), where)
+        obj = require_record(value, frozenset({"name", "ownership", "metadata"}), where)
         return cls(
             name=get_str(obj, "name", where),
             ownership=get_str(obj, "ownership", where),
@@ -110,8 +107,7 @@ class WeightRepresentation:
     @classmethod
     def from_dict(cls, value: object) -> WeightRepresentation:
         where = "representation"
-        obj = require_object(value, where)
-        require_exact_keys(obj, frozenset({"name", "dtype", "metadata"}), where)
+        obj = require_record(value, frozenset({"name", "dtype", "metadata"}), where)
         return cls(
             name=get_str(obj, "name", where),
             dtype=get_str(obj, "dtype", where),
@@ -163,21 +159,17 @@ class RuntimeWeightLayout:
     @classmethod
     def from_dict(cls, value: object) -> RuntimeWeightLayout:
         where = "layout"
-        obj = require_object(value, where)
-        require_exact_keys(
-            obj,
-            frozenset(
-                {
-                    "name",
-                    "tensor_parallel_size",
-                    "tensor_parallel_rank",
-                    "sequence_parallel_size",
-                    "sequence_parallel_backend",
-                    "metadata",
-                }
-            ),
-            where,
+        keys = frozenset(
+            {
+                "name",
+                "tensor_parallel_size",
+                "tensor_parallel_rank",
+                "sequence_parallel_size",
+                "sequence_parallel_backend",
+                "metadata",
+            }
         )
+        obj = require_record(value, keys, where)
         return cls(
             name=get_str(obj, "name", where),
             tensor_parallel_size=get_int(obj, "tensor_parallel_size", where),
@@ -213,8 +205,7 @@ class AdaptationIdentity:
     @classmethod
     def from_dict(cls, value: object) -> AdaptationIdentity:
         where = "adaptation"
-        obj = require_object(value, where)
-        require_exact_keys(obj, frozenset({"kind", "fingerprint", "metadata"}), where)
+        obj = require_record(value, frozenset({"kind", "fingerprint", "metadata"}), where)
         return cls(
             kind=get_str(obj, "kind", where),
             fingerprint=get_str(obj, "fingerprint", where),
@@ -251,11 +242,10 @@ class ProducerIdentity:
     @classmethod
     def from_dict(cls, value: object) -> ProducerIdentity:
         where = "producer"
-        obj = require_object(value, where)
         keys = frozenset(
             {"producer_id", "version", "implementation_fingerprint", "manifest_schema", "restorer_schema"}
         )
-        require_exact_keys(obj, keys, where)
+        obj = require_record(value, keys, where)
         return cls(**{key: get_str(obj, key, where) for key in sorted(keys)})
 
 
@@ -309,8 +299,7 @@ class WeightArtifactIdentity:
 
     @classmethod
     def from_dict(cls, value: object) -> WeightArtifactIdentity:
-        obj = require_object(value, "identity")
-        require_exact_keys(obj, _IDENTITY_KEYS, "identity")
+        obj = require_record(value, _IDENTITY_KEYS, "identity")
         return cls(
             schema_version=get_int(obj, "schema_version", "identity"),
             source=WeightSourceIdentity.from_dict(obj["source"]),

@@ -24,6 +24,7 @@ from ._strict import (
     require_exact_keys,
     require_json_field,
     require_object,
+    require_record,
 )
 from .canonical_json import CanonicalJson, JsonValue, decode_json, encode_canonical, is_canonical
 from .identity import WeightArtifactIdentity
@@ -148,12 +149,8 @@ class TensorManifestEntry:
     @classmethod
     def from_dict(cls, value: object) -> TensorManifestEntry:
         where = "manifest.tensors[]"
-        obj = require_object(value, where)
-        require_exact_keys(
-            obj,
-            frozenset({"name", "file", "dtype", "shape", "strides", "data_offsets", "kind", "role", "digest"}),
-            where,
-        )
+        keys = frozenset({"name", "file", "dtype", "shape", "strides", "data_offsets", "kind", "role", "digest"})
+        obj = require_record(value, keys, where)
         offsets = get_int_tuple(obj, "data_offsets", where)
         if len(offsets) != 2:
             raise ValueError(f"{where}.data_offsets must have two integers")
@@ -202,8 +199,7 @@ class FileManifestEntry:
     @classmethod
     def from_dict(cls, value: object) -> FileManifestEntry:
         where = "manifest.files[]"
-        obj = require_object(value, where)
-        require_exact_keys(obj, frozenset({"name", "size", "header_size", "digest", "tensors"}), where)
+        obj = require_record(value, frozenset({"name", "size", "header_size", "digest", "tensors"}), where)
         names = get_list(obj, "tensors", where)
         if any(type(item) is not str for item in names):
             raise ValueError(f"{where}.tensors must hold strings")
@@ -313,8 +309,7 @@ class WeightManifest:
 
     @classmethod
     def from_dict(cls, value: object) -> WeightManifest:
-        obj = require_object(value, "manifest")
-        require_exact_keys(obj, _MANIFEST_KEYS, "manifest")
+        obj = require_record(value, _MANIFEST_KEYS, "manifest")
         files = get_list(obj, "files", "manifest")
         tensors = get_list(obj, "tensors", "manifest")
         if len(files) > MAX_MANIFEST_FILES or len(tensors) > MAX_MANIFEST_TENSORS:
