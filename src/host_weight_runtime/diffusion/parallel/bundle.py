@@ -36,8 +36,8 @@ from ..producers._checkpoint import (
     row_chunks,
 )
 from ..producers._shards import DEFAULT_SHARD_BYTES, producer_error, production_metadata
-from ..producers._stream import CheckpointFiles
-from ..producers.checkpoint_stream import DEFAULT_CHUNK_BYTES, FinalLayoutBF16CheckpointProducer
+from ..producers._stream import DEFAULT_CHUNK_BYTES, CheckpointFiles
+from ..producers.checkpoint_stream import FinalLayoutBF16CheckpointProducer
 from ..tensor_layout import FinalLayoutTensor
 from .parts import PartKind, RankParts, part_file_plan, split_rank
 from .plan import TensorShard, plan_error

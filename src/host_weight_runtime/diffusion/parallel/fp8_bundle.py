@@ -18,7 +18,7 @@ from ..fp8 import FINAL_LAYOUT_FP8_SPEC
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..producers._checkpoint import CheckpointTensor
 from ..producers._shards import DEFAULT_SHARD_BYTES
-from ..producers.checkpoint_stream import DEFAULT_CHUNK_BYTES
+from ..producers._stream import DEFAULT_CHUNK_BYTES
 from ..producers.fp8_checkpoint import FinalLayoutFP8CheckpointProducer
 from ..producers.fp8_stream import FP8StreamCast, FP8TensorRole
 from ..tensor_layout import FinalLayoutTensor

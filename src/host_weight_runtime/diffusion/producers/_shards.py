@@ -98,6 +98,33 @@ def production_spec(context: FinalLayoutIdentityContext, source_mode: Production
     )
 
 
+class SingleArtifactProducer:
+    """What every producer of one final-layout artifact holds: its context, payload-file size, progress
+    callback and spec, and the check that ends each production."""
+
+    def __init__(
+        self,
+        context: FinalLayoutIdentityContext,
+        source_mode: ProductionSourceMode,
+        *,
+        shard_bytes: int,
+        progress: ProgressCallback | None,
+    ) -> None:
+        self._context = context
+        self._shard_bytes = shard_bytes
+        self._progress = progress
+        self._spec = production_spec(context, source_mode)
+
+    @property
+    def spec(self) -> WeightProductionSpec:
+        return self._spec
+
+    def _finish(self) -> ProductionMetadata:
+        """The sources held still through the production: report it (else a typed failure, nothing published)."""
+        self._context.ensure_sources_unchanged()
+        return production_metadata(self._context, self._spec.source_mode.value)
+
+
 def production_metadata(context: FinalLayoutIdentityContext, source_mode: str) -> ProductionMetadata:
     return ProductionMetadata(
         producer_schema=context.spec.producer.manifest_schema,

@@ -13,18 +13,15 @@ from types import TracebackType
 import torch
 
 from ...failures import FailureCode
-from ...protocols import (
-    ArtifactWriter,
-    ProductionMetadata,
-    ProductionSourceMode,
-    TensorFileWriter,
-    WeightProductionSpec,
-)
+from ...protocols import ArtifactWriter, ProductionMetadata, ProductionSourceMode, TensorFileWriter
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..parallel.plan import TensorShard
 from ..tensor_layout import FinalLayoutTensor
 from ._checkpoint import CheckpointFormatError, CheckpointTensor, mapped_rows, read_column_ranges, read_rows, row_chunks
-from ._shards import ProgressCallback, producer_error, production_metadata, production_spec, write_all
+from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, SingleArtifactProducer, producer_error, write_all
+
+DEFAULT_CHUNK_BYTES = 32 * 2**20
+"""Source bytes cast per step: small enough that the cast rows are still in cache when they are hashed."""
 
 StreamedTensorWriter = Callable[[TensorFileWriter, FinalLayoutTensor, CheckpointTensor, int], None]
 """Writes one non-empty owned tensor from its checkpoint entry, read through the open descriptor."""
@@ -56,7 +53,7 @@ class CheckpointFiles:
         self._descriptors.clear()
 
 
-class CheckpointStreamProducer:
+class CheckpointStreamProducer(SingleArtifactProducer):
     """The common part of a producer that streams one artifact from the checkpoint (PRE_LOAD_SAFE,
     CHECKPOINT_STREAM); a subclass decides how each tensor's entry becomes its final bytes."""
 
@@ -64,23 +61,20 @@ class CheckpointStreamProducer:
         self,
         context: FinalLayoutIdentityContext,
         *,
-        shard_bytes: int,
-        chunk_bytes: int,
-        progress: ProgressCallback | None,
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        progress: ProgressCallback | None = None,
     ) -> None:
+        self._require(context)
         if type(chunk_bytes) is not int or chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
-        self._context = context
-        self._shard_bytes = shard_bytes
+        super().__init__(context, ProductionSourceMode.CHECKPOINT_STREAM, shard_bytes=shard_bytes, progress=progress)
         self._chunk_bytes = chunk_bytes
-        self._progress = progress
-        self._spec = production_spec(context, ProductionSourceMode.CHECKPOINT_STREAM)
         self.largest_chunk_bytes = 0
         """The largest row chunk read so far (source bytes); tests use it to show memory stays bounded."""
 
-    @property
-    def spec(self) -> WeightProductionSpec:
-        return self._spec
+    def _require(self, context: FinalLayoutIdentityContext) -> None:
+        """Refuse, with a ValueError that names the right producer, a context this one cannot stream."""
 
     def _stream(
         self, writer: ArtifactWriter, index: dict[str, CheckpointTensor], write_tensor: StreamedTensorWriter
@@ -99,8 +93,7 @@ class CheckpointStreamProducer:
                 write_all(writer, context, self._shard_bytes, write_one, self._progress)
             except CheckpointFormatError as exc:
                 raise producer_error(FailureCode.PRODUCER_FAILED, str(exc)) from exc
-        context.ensure_sources_unchanged()
-        return production_metadata(context, ProductionSourceMode.CHECKPOINT_STREAM.value)
+        return self._finish()
 
     def _keep_fp32(self, tensor: FinalLayoutTensor) -> tuple[str, ...]:
         context = self._context

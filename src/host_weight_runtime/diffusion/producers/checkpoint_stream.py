@@ -17,25 +17,12 @@ from ..contracts import streamed_final_dtype
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..tensor_layout import FinalLayoutTensor
 from ._checkpoint import CheckpointFormatError, CheckpointTensor, ScratchBuffer, read_rows, read_safetensors_header
-from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, producer_error
+from ._shards import producer_error
 from ._stream import CheckpointStreamProducer
-
-DEFAULT_CHUNK_BYTES = 32 * 2**20
-"""Source bytes cast per step: small enough that the cast rows are still in cache when they are hashed."""
 
 
 class FinalLayoutBF16CheckpointProducer(CheckpointStreamProducer):
     """Stream BF16-policy tensors from the canonical checkpoint (PRE_LOAD_SAFE, CHECKPOINT_STREAM)."""
-
-    def __init__(
-        self,
-        context: FinalLayoutIdentityContext,
-        *,
-        shard_bytes: int = DEFAULT_SHARD_BYTES,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        progress: ProgressCallback | None = None,
-    ) -> None:
-        super().__init__(context, shard_bytes=shard_bytes, chunk_bytes=chunk_bytes, progress=progress)
 
     def checkpoint_index(self) -> dict[str, CheckpointTensor]:
         """DiT tensor name -> where its bytes are in the checkpoint; every owned tensor must be found."""

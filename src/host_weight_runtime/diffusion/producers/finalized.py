@@ -7,26 +7,13 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ...failures import FailureCode
-from ...protocols import (
-    ArtifactWriter,
-    ProductionMetadata,
-    ProductionSourceMode,
-    TensorFileWriter,
-    WeightProductionSpec,
-)
+from ...protocols import ArtifactWriter, ProductionMetadata, ProductionSourceMode, TensorFileWriter
 from ..identity_adapter import FinalLayoutIdentityContext, discover_final_layout
 from ..tensor_layout import FinalLayoutTensor, tensors_by_name
-from ._shards import (
-    DEFAULT_SHARD_BYTES,
-    ProgressCallback,
-    producer_error,
-    production_metadata,
-    production_spec,
-    write_all,
-)
+from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, SingleArtifactProducer, producer_error, write_all
 
 
-class FinalLayoutBF16Producer:
+class FinalLayoutBF16Producer(SingleArtifactProducer):
     """Publish finalized BF16-policy tensors through a store-scoped writer.
 
     Reads the serving model and never modifies it; its tensors must already be in their
@@ -41,15 +28,8 @@ class FinalLayoutBF16Producer:
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         progress: ProgressCallback | None = None,
     ) -> None:
-        self._context = context
+        super().__init__(context, ProductionSourceMode.FINALIZED_MODEL, shard_bytes=shard_bytes, progress=progress)
         self._dit_modules = tuple(dit_modules)
-        self._shard_bytes = shard_bytes
-        self._progress = progress
-        self._spec = production_spec(context, ProductionSourceMode.FINALIZED_MODEL)
-
-    @property
-    def spec(self) -> WeightProductionSpec:
-        return self._spec
 
     def produce(self, writer: ArtifactWriter) -> ProductionMetadata:
         context = self._context
@@ -74,8 +54,7 @@ class FinalLayoutBF16Producer:
             lambda file_writer, tensor: write_live(file_writer, tensor, live),
             self._progress,
         )
-        context.ensure_sources_unchanged()
-        return production_metadata(context, ProductionSourceMode.FINALIZED_MODEL.value)
+        return self._finish()
 
 
 def write_live(file_writer: TensorFileWriter, tensor: FinalLayoutTensor, live: Mapping[str, torch.Tensor]) -> None:

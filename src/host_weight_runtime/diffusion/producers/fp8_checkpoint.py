@@ -8,6 +8,8 @@ digest as `FinalLayoutFP8Producer` after a canonical load.
 
 from __future__ import annotations
 
+import functools
+
 from ...failures import FailureCode
 from ...protocols import ArtifactWriter, ProductionMetadata, TensorFileWriter
 from ..contracts import FINAL_LAYOUT_BF16_POLICY, streamed_final_dtype
@@ -15,9 +17,9 @@ from ..fp8 import FINAL_LAYOUT_FP8_SPEC
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..tensor_layout import FinalLayoutTensor
 from ._checkpoint import CheckpointTensor, read_rows
-from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, producer_error
+from ._shards import ProgressCallback, producer_error
 from ._stream import CheckpointStreamProducer
-from .checkpoint_stream import DEFAULT_CHUNK_BYTES, FinalLayoutBF16CheckpointProducer, index_checkpoint
+from .checkpoint_stream import FinalLayoutBF16CheckpointProducer, index_checkpoint
 from .fp8_stream import FP8StreamCast, FP8TensorRole
 
 __all__ = ["FinalLayoutFP8CheckpointProducer", "streaming_producer"]
@@ -39,21 +41,17 @@ class FinalLayoutFP8CheckpointProducer(CheckpointStreamProducer):
     split tensors hold the rank's part, quantized with the full tensor's scale).
     """
 
-    def __init__(
-        self,
-        context: FinalLayoutIdentityContext,
-        *,
-        shard_bytes: int = DEFAULT_SHARD_BYTES,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        progress: ProgressCallback | None = None,
-    ) -> None:
+    def _require(self, context: FinalLayoutIdentityContext) -> None:
         if context.spec != FINAL_LAYOUT_FP8_SPEC:
             raise ValueError(
                 f"{context.spec.representation.name} is not the FP8 representation; stream it with "
                 "FinalLayoutBF16CheckpointProducer (or streaming_producer, which picks)"
             )
-        super().__init__(context, shard_bytes=shard_bytes, chunk_bytes=chunk_bytes, progress=progress)
-        self._cast = FP8StreamCast(context.tensors, chunk_bytes=chunk_bytes)
+
+    @functools.cached_property
+    def _cast(self) -> FP8StreamCast:
+        """Roles and scales of this artifact's tensors; a scale is computed once, on first use."""
+        return FP8StreamCast(self._context.tensors, chunk_bytes=self._chunk_bytes)
 
     def produce(self, writer: ArtifactWriter) -> ProductionMetadata:
         self._context.ensure_sources_unchanged()
