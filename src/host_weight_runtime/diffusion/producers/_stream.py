@@ -1,7 +1,7 @@
 """What the BF16 and FP8 checkpoint-streaming producers (and the TP bundle) share, written once.
 
-The spec of a pre-load stream, the checkpoint files a pass opens, the check that an entry makes
-its owned tensor, and this rank's rows of an entry in bounded chunks.
+The checkpoint files a pass opens, the loop that writes every owned tensor from its entry, the
+check that an entry makes its owned tensor, and this rank's rows of an entry in bounded chunks.
 """
 
 from __future__ import annotations
