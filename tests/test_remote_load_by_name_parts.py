@@ -12,6 +12,10 @@ node A's exact keys by name; a shard entry that names another key fails the grou
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,3 +225,34 @@ def test_tensor_parallel_ranks_by_name(node_a: NodeA, pushed: Remote, tmp_path: 
     pushed.raw.pipe_file(f"{pushed.raw_root}/{shard.object_path()}", NameIndexEntry(**fields).to_bytes())
     (refused,) = run_group(tmp_path, node_a.folder, tmp_path / "node-c", 2, [by_name])
     assert [result.get("failed") for result in refused] == ["remote_failed", "remote_failed"]
+
+
+@pytest.mark.parametrize("pushed", ["file"], indirect=True)
+def test_hwr_pull_fp8_parts_by_name(node_a: NodeA, pushed: Remote, tmp_path: Path) -> None:
+    """E14: `hwr pull --representation fp8 --tensor-parallel-size 2` imports the FP8 replicated part and both
+    shard parts under node A's keys (one JSON record per part); --representation fp8 with another --dtype is a
+    usage error (exit 2) and imports nothing."""
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("HWR_")}
+    root_b = tmp_path / "node-b"
+    base = ["pull", REPO_ID, "--revision", REVISION, "--subfolder", DIT, "--from", pushed.read_url]
+    base += ["--root", str(root_b), "--json", "--representation", "fp8"]
+
+    def hwr(*extra: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "host_weight_runtime.cli", *base, *extra],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, env=environment, check=False,
+        )  # fmt: skip
+        assert "Traceback" not in done.stderr, done.stderr
+        return done
+
+    refused = hwr("--dtype", "float16")
+    assert refused.returncode == 2 and "dtype" in json.loads(refused.stdout)["error"]["message"]
+    assert not (root_b / "artifacts").exists() or list((root_b / "artifacts").iterdir()) == []
+    pulled = hwr("--tensor-parallel-size", "2")
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    parts = json.loads(pulled.stdout)["parts"]
+    expected = [name(FP8, 2, part) for part in ("replicated", "shard-0", "shard-1")]
+    assert [ArtifactName.from_dict(part["name"]) for part in parts] == expected
+    assert [part["key"] for part in parts] == [node_a.keys[artifact] for artifact in expected]
+    assert [part["status"] for part in parts] == ["built"] * 3
+    assert sorted(path.name for path in (root_b / "artifacts").iterdir()) == sorted(part["key"] for part in parts)
