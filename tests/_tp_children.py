@@ -27,6 +27,7 @@ from host_weight_runtime.diffusion.representation import quantize_model_fp8
 from host_weight_runtime.failures import HostWeightError
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.protocols import BuildRequest
+from host_weight_runtime.remote import FsspecArtifactProvider
 from host_weight_runtime.runtime import HostWeightRuntime
 from host_weight_runtime.tensors import ValidationLevel
 
@@ -96,12 +97,14 @@ def group_child(rank: int, setup: dict[str, Any], report: Connection, control: C
                     mode=RuntimeMode(step["mode"]),
                     root=Path(step.get("domain", domain_root)),
                     lock_timeout_s=float(step.get("lock_timeout_s", 120.0)),
-                )
+                ),
+                remote_providers=[FsspecArtifactProvider(step["remote"])] if "remote" in step else (),
             )
             parallel = FinalLayoutParallelIdentity(tensor_parallel_size=world, tensor_parallel_rank=rank)
             try:
                 loaded = load_component(
-                    folder_root,
+                    step.get("model", folder_root),  # a repo id and commit: a load by name
+                    revision=step.get("revision"),
                     subfolder=DIT,
                     runtime=runtime,
                     parallel=parallel,

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from host_weight_runtime import FailureCode, HostWeightError
+from host_weight_runtime import FailureCode, HostWeightError, HostWeightUsageError
 from host_weight_runtime.canonical_json import CanonicalJson
 from host_weight_runtime.remote import ArtifactName, FsspecArtifactProvider, NameIndexEntry
-from host_weight_runtime.remote.names import CheckpointFileRecord
+from host_weight_runtime.remote.names import CheckpointFileRecord, name_of_manifest_metadata, tensor_parallel_names
 from host_weight_runtime.remote.snapshot_files import (
     SnapshotFile,
     SnapshotFiles,
@@ -100,3 +100,43 @@ def test_snapshot_files_travel_checked(tmp_path: Path) -> None:
         with pytest.raises(HostWeightError) as invalid:
             read_snapshot_files(location, "org/model", REVISION)
         assert invalid.value.failure.code is FailureCode.REMOTE_FAILED
+
+
+def _layout(size: int, rank: int = 0, part: dict[str, object] | None = None, sp: int = 1) -> dict[str, object]:
+    metadata: dict[str, object] = {} if part is None else {"part": part, "tensor_parallel_plan": {"name": "p"}}
+    return {
+        "name": "diffusion-final-module-layout-v1",
+        "tensor_parallel_size": size,
+        "tensor_parallel_rank": rank,
+        "sequence_parallel_size": sp,
+        "sequence_parallel_backend": "none" if sp == 1 else "ulysses",
+        "metadata": metadata,
+    }
+
+
+def test_each_layout_is_its_own_name() -> None:
+    """E14: a TP part's name carries its TP size and part, so it never shares the whole artifact's index object;
+    a rank stored whole (no part) and a sequence-parallel layout get no name; a part name round-trips."""
+    built_from = {"built_from": {"model_id": "org/model", "sources": [{"revision": REVISION, "subfolder": "t"}]}}
+    files = {"sources": [{"files": [{"name": "diffusion_pytorch_model.safetensors"}]}]}
+    whole = name_of_manifest_metadata(built_from, "bfloat16", files, _layout(1))
+    replicated = name_of_manifest_metadata(built_from, "bfloat16", files, _layout(2, 0, {"kind": "replicated"}))
+    shard = name_of_manifest_metadata(built_from, "bfloat16", files, _layout(2, 1, {"kind": "shard", "replicated": KEY}))
+    assert whole == ArtifactName("org/model", REVISION, "t")
+    assert replicated == ArtifactName("org/model", REVISION, "t", None, "bfloat16", 2, "replicated")
+    assert shard == ArtifactName("org/model", REVISION, "t", None, "bfloat16", 2, "shard-1")
+    paths = {name.object_path() for name in (whole, replicated, shard) if name is not None}
+    assert len(paths) == 3 and shard is not None and shard.object_path().endswith("/bfloat16/tp2/shard-1.json")
+    assert name_of_manifest_metadata(built_from, "bfloat16", files, _layout(2, 1)) is None
+    assert name_of_manifest_metadata(built_from, "bfloat16", files, _layout(1, sp=2)) is None
+    entry = NameIndexEntry(shard, KEY, "final-layout-bf16", "d" * 64, 1)
+    assert NameIndexEntry.from_bytes(entry.to_bytes()) == entry
+    assert "tensor_parallel_size" not in CanonicalJson(NameIndexEntry(NAME, KEY, "b", "d" * 64, 1).to_bytes()).data.decode()
+    assert [part.part for part in tensor_parallel_names(NAME, 2)] == ["replicated", "shard-0", "shard-1"]
+
+
+@pytest.mark.parametrize(("size", "part"), [(2, None), (1, "replicated"), (2, "shard-2"), (2, "shard-01"), (0, None)])
+def test_malformed_layout_names_are_usage_errors(size: int, part: str | None) -> None:
+    """E14: a TP name without its part, a TP=1 name with one, a shard rank outside the size are refused."""
+    with pytest.raises(HostWeightUsageError):
+        ArtifactName("org/model", REVISION, "t", None, "bfloat16", size, part)

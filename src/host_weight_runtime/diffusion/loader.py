@@ -32,13 +32,13 @@ from ..runtime import HostWeightRuntime
 from ._load_options import LoadOptions, check_dtype, check_load_arguments, check_parallel, check_variant
 from .background import BackgroundPublication
 from .canonical_step import load_canonical_at, load_canonical_for
-from .component_source import ComponentLocation, checkpoint_source, needs_hashing
+from .component_source import ComponentLocation, needs_hashing
 from .contracts import FinalLayoutParallelIdentity
 from .diffusers_family import DIFFUSERS_FAMILY
 from .load_runtime import required_runtime, runtime_for_load
 from .loaded import LoadedComponent, LoadStopwatch
 from .model_family import ImportClock, ModelFamily
-from .named_source import check_index_key, named_component_source, wants_name
+from .named_source import NameLayout, check_index_key, checkpoint_or_named_source, name_dtype
 from .parallel.loader import load_tensor_parallel_component
 from .producers._shards import ProgressCallback
 from .publish_step import build_artifact, publish_after_canonical_load, start_background_publication
@@ -232,12 +232,8 @@ def _load_through_runtime(
 
 def _checkpoint_or_named_source(call: _ComponentCall) -> PreparedWeightSource:
     """The checkpoint here; else, with a remote configured, the one its name index records (never both)."""
-    try:
-        return checkpoint_source(call.location, call.options)
-    except HostWeightError as exc:
-        if call.fp8 or not wants_name(call.location, call.runtime, exc):
-            raise
-        return named_component_source(call.location, call.options, call.runtime, exc)
+    layout = NameLayout(name_dtype(call.options.dtype, call.fp8))
+    return checkpoint_or_named_source(call.location, call.options, call.runtime, layout)
 
 
 def _first_on_node(skeleton: ComponentSkeleton, runtime: HostWeightRuntime) -> bool:

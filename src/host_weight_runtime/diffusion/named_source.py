@@ -11,6 +11,10 @@ SHA-256, and kept under the domain::
 The skeleton is built from that config, the key is recomputed on this node from the records,
 and a key that differs from the index's is refused: the index is trusted with name -> key only
 (as a registry's tag -> digest); the bytes are then imported and verified as for any key.
+
+The name carries the representation's dtype (`float8_e4m3fn` for FP8) and, for a
+tensor-parallel rank, the TP size and the rank's shard part: a rank checks its shard key
+against the index, and that key names the replicated part's key, so one check covers both.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from ..failures import FailureCode, HostWeightError, ResolutionStage, failure, usage_error
 from ..remote import FsspecArtifactProvider
@@ -27,12 +34,16 @@ from ..remote.pull import read_name_entry
 from ..remote.snapshot_files import SnapshotFile, read_snapshot_file, read_snapshot_files
 from ..runtime import HostWeightRuntime
 from ._load_options import LoadOptions
-from .component_source import ComponentLocation
+from .component_source import ComponentLocation, checkpoint_source
+from .fp8 import FP8_DTYPE
 from .source_identity import PreparedWeightSource, RecordedCheckpoint, RecordedWeightFile, WeightSourceKind
 
 __all__ = [
     "NAMED_SNAPSHOTS_FOLDER",
+    "NameLayout",
     "check_index_key",
+    "checkpoint_or_named_source",
+    "name_dtype",
     "named_component_source",
     "named_pipeline_root",
     "named_snapshot",
@@ -40,6 +51,21 @@ __all__ = [
 ]
 
 NAMED_SNAPSHOTS_FOLDER = "named-snapshots-v1"
+
+
+@dataclass(frozen=True, slots=True)
+class NameLayout:
+    """The part of a name a load settles besides the location: the representation's dtype, and for a
+    tensor-parallel rank its TP size and part (`shard-<rank>`)."""
+
+    dtype: str
+    tensor_parallel_size: int = 1
+    part: str | None = None
+
+
+def name_dtype(dtype: torch.dtype, fp8: bool) -> str:
+    """The dtype an artifact's name carries: its representation's (float8_e4m3fn for FP8, else the load's)."""
+    return str(FP8_DTYPE if fp8 else dtype).removeprefix("torch.")
 
 
 def _providers(runtime: HostWeightRuntime) -> list[FsspecArtifactProvider]:
@@ -146,15 +172,32 @@ def _entry(runtime: HostWeightRuntime, name: ArtifactName) -> tuple[NameIndexEnt
     return None
 
 
+def checkpoint_or_named_source(
+    location: ComponentLocation, options: LoadOptions, runtime: HostWeightRuntime, layout: NameLayout
+) -> PreparedWeightSource:
+    """The checkpoint here; else, with a remote configured, the one its name index records (never both)."""
+    try:
+        return checkpoint_source(location, options)
+    except HostWeightError as exc:
+        if not wants_name(location, runtime, exc):
+            raise
+        return named_component_source(location, options, runtime, exc, layout)
+
+
 def named_component_source(
-    location: ComponentLocation, options: LoadOptions, runtime: HostWeightRuntime, exc: HostWeightError
+    location: ComponentLocation,
+    options: LoadOptions,
+    runtime: HostWeightRuntime,
+    exc: HostWeightError,
+    layout: NameLayout | None = None,
 ) -> PreparedWeightSource:
     """The component's source as the remote's index records it; `exc` (the cache miss) is what stays raised,
-    with the reason, when the index has no usable entry."""
+    with the reason, when the index has no usable entry. `layout` defaults to one artifact at the load's dtype."""
     revision = _require_pinned(location, exc)
     repo_id = os.fspath(location.model_or_path)
+    layout = layout if layout is not None else NameLayout(name_dtype(options.dtype, fp8=False))
     name = ArtifactName(
-        repo_id, revision, location.subfolder, options.variant, str(options.dtype).removeprefix("torch.")
+        repo_id, revision, location.subfolder, options.variant, layout.dtype, layout.tensor_parallel_size, layout.part
     )
     found = _entry(runtime, name)
     if found is None:

@@ -39,7 +39,7 @@ from typing import Any
 from ._descriptor import DESCRIPTOR_FILE_NAME, RemoteDescriptorRecord, RemoteFileRecord
 from ._location import DEFAULT_TIMEOUT_S, check_remote_url
 from .importer import RemoteImportProducer, import_remote_artifact, verify_imported
-from .names import ArtifactName, NameIndexEntry, is_pinned_revision
+from .names import ArtifactName, NameIndexEntry, is_pinned_revision, tensor_parallel_names
 from .provider import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_CONCURRENCY, FsspecArtifactProvider
 from .pull import PulledArtifact, pull_by_name
 from .push import (
@@ -76,6 +76,7 @@ __all__ = [
     "list_remote",
     "providers_from_urls",
     "pull_by_name",
+    "tensor_parallel_names",
     "push_all_artifacts",
     "push_artifact",
     "push_in_background",

@@ -4,16 +4,20 @@ A node that never downloaded a model cannot compute its key (the key follows the
 checkpoint's content). `push` therefore records, next to the artifacts, one small object
 per name a published artifact was built from::
 
-    <url>/names/<org>/<repo>/<revision>/<component>/<variant>/<dtype>.json
-         component: the checkpoint subfolder ("-" for the repo root); variant: "-" for none
+    <url>/names/<org>/<repo>/<revision>/<component>/<variant>/<dtype>.json             one artifact (TP=1)
+    <url>/names/<org>/<repo>/<revision>/<component>/<variant>/<dtype>/tp<N>/<part>.json  a TP=N part
+         component: the checkpoint subfolder ("-" for the repo root); variant: "-" for none;
+         dtype: the representation's (bfloat16, float16, float32, float8_e4m3fn for FP8);
+         part: "replicated" (one per TP size) or "shard-<rank>"
 
 holding the key, the identity's representation and, when the pushing node still held the
 snapshot, the checkpoint files the key was computed from (`NameIndexEntry.checkpoint`: name,
 size, content id, tensor names), which a load by name needs to recompute the key and bind the
 skeleton (the snapshot's configs travel beside it: `snapshot_files`). Names come from the
 artifact's manifest (`format_metadata.built_from`: the repo id and the commit a Hugging Face
-cache snapshot resolved to); an artifact built from a local folder has no name and is not
-indexed.
+cache snapshot resolved to) and its identity's layout (the TP size and part); an artifact built
+from a local folder, or a layout no load asks for by name (a TP rank stored whole, sequence
+parallel), has no name and is not indexed.
 
 Trust. Like a registry's tag -> digest, the index is the one thing a pulling node takes on
 the remote's word: whoever can write the remote decides which key a name means. Everything
@@ -38,6 +42,7 @@ __all__ = [
     "NameIndexEntry",
     "is_pinned_revision",
     "name_of_manifest_metadata",
+    "tensor_parallel_names",
 ]
 
 NAME_INDEX_FOLDER = "names"
@@ -50,7 +55,10 @@ _PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _SUBFOLDER_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,95}")
 _PINNED = re.compile(r"[0-9a-f]{40}")
 _DTYPE = re.compile(r"[a-z0-9_]{2,32}")
+_TP_PART = re.compile(r"replicated|shard-(0|[1-9][0-9]{0,3})")
+_MAX_TP_SIZE = 4096
 _NONE = "-"
+_LAYOUT_FIELDS = frozenset({"tensor_parallel_size", "part"})
 
 
 def is_pinned_revision(revision: str) -> bool:
@@ -60,13 +68,16 @@ def is_pinned_revision(revision: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ArtifactName:
-    """What a person calls an artifact: repo id, revision, component subfolder, variant and dtype."""
+    """What a person calls an artifact: repo id, revision, component subfolder, variant and dtype; for a
+    tensor-parallel part also the TP size and the part (`replicated`, or `shard-<rank>`)."""
 
     repo_id: str
     revision: str
     component: str | None = None
     variant: str | None = None
     dtype: str = "bfloat16"
+    tensor_parallel_size: int = 1
+    part: str | None = None
 
     def __post_init__(self) -> None:
         parts = self.repo_id.split("/") if type(self.repo_id) is str else []
@@ -85,6 +96,26 @@ class ArtifactName:
         if not _DTYPE.fullmatch(dtype):
             raise usage_error(f"a dtype is a torch dtype name such as bfloat16, got {self.dtype!r:.80}")
         object.__setattr__(self, "dtype", dtype)
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        size, part = self.tensor_parallel_size, self.part
+        if type(size) is not int or not 1 <= size <= _MAX_TP_SIZE:
+            raise usage_error(f"a tensor-parallel size is an int from 1 to {_MAX_TP_SIZE}, got {size!r:.80}")
+        if size == 1 and part is None:
+            return
+        if size == 1 or part is None or type(part) is not str or not _TP_PART.fullmatch(part):
+            raise usage_error(
+                "a tensor-parallel name (size >= 2) names its part, 'replicated' or 'shard-<rank>', and a TP=1 "
+                f"name none; got size {size} and part {part!r:.80}"
+            )
+        if part != "replicated" and int(part.removeprefix("shard-")) >= size:
+            raise usage_error(f"{part} is not a rank of tensor-parallel size {size}")
+
+    @classmethod
+    def shard_part(cls, rank: int) -> str:
+        """The part name of rank `rank`'s shard."""
+        return f"shard-{rank}"
 
     @property
     def pinned(self) -> bool:
@@ -93,18 +124,41 @@ class ArtifactName:
     def object_path(self) -> str:
         """The index object's path relative to the remote root."""
         component = (self.component or _NONE).replace("/", "--")
-        return "/".join(
-            [NAME_INDEX_FOLDER, self.repo_id, self.revision, component, self.variant or _NONE, f"{self.dtype}.json"]
-        )
+        folder = [NAME_INDEX_FOLDER, self.repo_id, self.revision, component, self.variant or _NONE]
+        if self.part is None:
+            return "/".join([*folder, f"{self.dtype}.json"])
+        return "/".join([*folder, self.dtype, f"tp{self.tensor_parallel_size}", f"{self.part}.json"])
 
     def to_dict(self) -> dict[str, JsonValue]:
-        return {
+        """The name's fields; the layout fields only for a TP part, so a TP=1 entry reads as it always did."""
+        value: dict[str, JsonValue] = {
             "repo_id": self.repo_id,
             "revision": self.revision,
             "component": self.component,
             "variant": self.variant,
             "dtype": self.dtype,
         }
+        if self.part is not None:
+            value.update(tensor_parallel_size=self.tensor_parallel_size, part=self.part)
+        return value
+
+    @classmethod
+    def from_dict(cls, value: JsonValue) -> ArtifactName:
+        """A name as `to_dict` writes it; ValueError (a usage error) for any other shape."""
+        fields = {"repo_id", "revision", "component", "variant", "dtype"}
+        if not isinstance(value, dict) or set(value) not in (fields, fields | _LAYOUT_FIELDS):
+            raise ValueError("a malformed name")
+        size = value.get("tensor_parallel_size", 1)
+        part = value.get("part")
+        return cls(
+            repo_id=str(value["repo_id"]),
+            revision=str(value["revision"]),
+            component=None if value["component"] is None else str(value["component"]),
+            variant=None if value["variant"] is None else str(value["variant"]),
+            dtype=str(value["dtype"]),
+            tensor_parallel_size=size if type(size) is int else -1,
+            part=None if part is None else str(part),
+        )
 
     def __str__(self) -> str:
         text = f"{self.repo_id}@{self.revision}"
@@ -112,7 +166,10 @@ class ArtifactName:
             text += f" {self.component}"
         if self.variant:
             text += f" variant {self.variant}"
-        return f"{text} {self.dtype}"
+        text += f" {self.dtype}"
+        if self.part is not None:
+            text += f" tp{self.tensor_parallel_size} {self.part}"
+        return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,23 +256,26 @@ class NameIndexEntry:
         name, key, representation = value["name"], value["key"], value["representation"]
         content, uploaded = value["content_sha256"], value["uploaded_at_ns"]
         listed = value.get("checkpoint", [])
-        if not isinstance(name, dict) or set(name) != {"repo_id", "revision", "component", "variant", "dtype"}:
-            raise ValueError("a malformed name")
         if type(key) is not str or not re.fullmatch(r"[0-9a-f]{64}", key):
             raise ValueError("the key is not 64 lowercase hex digits")
         if type(representation) is not str or type(content) is not str or type(uploaded) is not int:
             raise ValueError("mistyped fields")
         if not isinstance(listed, list) or len(listed) > _MAX_CHECKPOINT_FILES:
             raise ValueError("the checkpoint is not a list of files")
-        parsed = ArtifactName(
-            repo_id=str(name["repo_id"]),
-            revision=str(name["revision"]),
-            component=None if name["component"] is None else str(name["component"]),
-            variant=None if name["variant"] is None else str(name["variant"]),
-            dtype=str(name["dtype"]),
-        )
+        parsed = ArtifactName.from_dict(name)
         checkpoint = tuple(CheckpointFileRecord.from_value(item) for item in listed)
         return cls(parsed, key, representation, content, uploaded, checkpoint)
+
+
+def tensor_parallel_names(name: ArtifactName, size: int) -> tuple[ArtifactName, ...]:
+    """Every part a TP=`size` load of `name` (a TP=1 name) reads: the replicated part, then each rank's shard."""
+    if name.part is not None:
+        raise usage_error(f"{name} already names one part; give the name of the whole artifact")
+    parts = ["replicated", *(ArtifactName.shard_part(rank) for rank in range(size))] if size > 1 else [None]
+    return tuple(
+        ArtifactName(name.repo_id, name.revision, name.component, name.variant, name.dtype, size, part)
+        for part in parts
+    )
 
 
 # diffusers' weight file names: `<base>[.<variant>][-00001-of-00002].safetensors` (or .bin).
@@ -260,14 +320,38 @@ def _variant_of(source_metadata: JsonValue) -> tuple[bool, str | None]:
     return True, variants.pop()
 
 
+def _layout_of(layout: JsonValue) -> tuple[int, str | None] | None:
+    """(TP size, part) of an identity's layout: (1, None) for one whole artifact, the part of a TP rank's
+    layout (its `part` metadata, as the adapter writes it); None for a layout no load asks for by name."""
+    if layout is None:
+        return 1, None
+    if not isinstance(layout, dict) or layout.get("sequence_parallel_size") != 1:
+        return None
+    size, rank = layout.get("tensor_parallel_size"), layout.get("tensor_parallel_rank")
+    metadata = layout.get("metadata")
+    part = metadata.get("part") if isinstance(metadata, dict) else None
+    if type(size) is not int or type(rank) is not int:
+        return None
+    if size == 1 and part is None:
+        return 1, None
+    kind = part.get("kind") if isinstance(part, dict) else None
+    if size < 2 or kind not in ("replicated", "shard"):
+        return None  # a TP rank stored whole (no part) is not what a rank loads
+    return size, "replicated" if kind == "replicated" else ArtifactName.shard_part(rank)
+
+
 def name_of_manifest_metadata(
-    format_metadata: JsonValue, dtype: str, source_metadata: JsonValue = None
+    format_metadata: JsonValue, dtype: str, source_metadata: JsonValue = None, layout: JsonValue = None
 ) -> ArtifactName | None:
     """The name an artifact was built from, when its manifest says it came from one pinned hub snapshot.
 
     The variant comes from the source file names the identity lists (`*.fp16.safetensors`); files
-    that do not say one variant unambiguously leave the artifact unnamed.
+    that do not say one variant unambiguously leave the artifact unnamed. `layout` (the identity's
+    layout as a dict) adds the TP size and part of a tensor-parallel part; None means one artifact.
     """
+    tensor_parallel = _layout_of(layout)
+    if tensor_parallel is None:
+        return None
     built_from = format_metadata.get("built_from") if isinstance(format_metadata, dict) else None
     if not isinstance(built_from, dict):
         return None
@@ -290,6 +374,8 @@ def name_of_manifest_metadata(
             component=subfolder if type(subfolder) is str else None,
             variant=variant,
             dtype=dtype,
+            tensor_parallel_size=tensor_parallel[0],
+            part=tensor_parallel[1],
         )
     except ValueError:
         return None

@@ -38,7 +38,8 @@ def index_artifact_name(location: RemoteLocation, manifest: WeightManifest) -> A
     dtype = manifest.identity.representation.dtype
     format_metadata = manifest.format_metadata.to_value()
     source_metadata = manifest.identity.source.metadata.to_value()
-    name = name_of_manifest_metadata(format_metadata, dtype, source_metadata)
+    layout = manifest.identity.layout.to_dict()
+    name = name_of_manifest_metadata(format_metadata, dtype, source_metadata, layout)
     if name is None:
         return None
     built_from = format_metadata.get("built_from") if isinstance(format_metadata, dict) else None

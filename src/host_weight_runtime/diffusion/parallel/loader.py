@@ -11,6 +11,12 @@ failure; otherwise one bundle build (when streaming is allowed) or the same cano
 fallback on every rank (PREFERRED), or a typed failure on every rank (REQUIRED). A part
 found without its sibling is rebuilt by the bundle or, after a canonical load, published
 again. The result is always a parallelized model (DTensor on the group's mesh).
+
+A rank whose checkpoint is not on this node (a repo id the cache lacks, a remote configured,
+a pinned revision) loads by name (`named_source.py`): the skeleton and keys come from the
+index entry of its shard part, the computed shard key must equal the index's (it names the
+replicated part's key), and the parts are imported by key; with no checkpoint there is no build
+and no canonical load, so a part that cannot be imported fails the rank (the group) typed.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 from ...config import RuntimeMode
 from ...failures import FailureCode, HostWeightError, usage_error
 from ...lease import HostWeightLease
+from ...remote.names import ArtifactName
 from ...runtime import HostWeightRuntime
 from .._load_options import LoadOptions
 from ..canonical_step import load_canonical_for
@@ -33,6 +40,7 @@ from ..dtype_policies import ModelFamilyName
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..load_runtime import required_runtime, runtime_for_load
 from ..loaded import LoadedComponent
+from ..named_source import NameLayout, check_index_key, checkpoint_or_named_source, name_dtype
 from ..publish_step import require_safetensors
 from ..reports import ComponentLoadPath, PrewarmResult
 from ..representation import check_representation, quantize_model_fp8, tensor_policy
@@ -83,17 +91,26 @@ class _RankLoad:
         return self.parts.rank_index
 
     @property
+    def named(self) -> bool:
+        """Loaded by name: no checkpoint here, so no build and no canonical load."""
+        return self.skeleton.source.recorded is not None
+
+    @property
     def context(self) -> FinalLayoutIdentityContext:
         return self.parts.rank
 
     def lookup(self) -> PartsResolution:
         """The rank's two parts, looked up in PREFERRED mode: a miss is a report, never raised."""
-        return resolve_parts(HostWeightRuntime(replace(self.runtime.config, mode=RuntimeMode.PREFERRED)), self.parts)
+        preferred = HostWeightRuntime(
+            replace(self.runtime.config, mode=RuntimeMode.PREFERRED), remote_providers=self.runtime.remote_providers
+        )
+        return resolve_parts(preferred, self.parts)
 
     def build(self) -> PartsResolution:
         """The rank's parts streamed from the checkpoint: the bundle writes every missing part of every rank."""
         build_runtime = HostWeightRuntime(
-            replace(self.runtime.config, mode=RuntimeMode.REQUIRED, allow_local_build=True)
+            replace(self.runtime.config, mode=RuntimeMode.REQUIRED, allow_local_build=True),
+            remote_providers=self.runtime.remote_providers,
         )
         return resolve_parts(build_runtime, self.parts, bundle_producer(self.contexts))
 
@@ -168,7 +185,9 @@ def load_tensor_parallel_component(
     if cohort is not None and cohort.rank != rank:
         raise ValueError(f"tensor_parallel_rank {rank} is rank {cohort.rank} of the process group; they must match")
     stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
-    skeleton = prepare_skeleton(location, LoadOptions(), parallel)
+    layout = NameLayout(name_dtype(LoadOptions().dtype, fp8), size, ArtifactName.shard_part(rank))
+    source = checkpoint_or_named_source(location, LoadOptions(), runtime, layout)
+    skeleton = prepare_skeleton(location, LoadOptions(), parallel, source=source)
     _require_diffusers(skeleton)
     # On the plain skeleton (a registered plan keys on its class); the default depends on config and size only,
     # so every rank picks the same plan.
@@ -177,11 +196,40 @@ def load_tensor_parallel_component(
         quantize_model_fp8(skeleton.model)
     contexts = _identify_every_rank(skeleton, runtime, tensor_policy(fp8), plan)
     load = _RankLoad(skeleton, contexts, bundle_parts(contexts)[rank], plan, mesh, runtime, fp8, started)
-    stream = stream and skeleton.source.use_safetensors
+    refusal = _index_refusal(load)
+    stream = stream and skeleton.source.use_safetensors and not load.named
     if cohort is None:
+        if refusal is not None:
+            raise refusal
         return _load_alone(load, stream=stream)
     cohort.agree("layout", load.parts.replicated.identity.key)
+    if refusal is not None:  # the other ranks raise it too, at their lookup step, instead of waiting
+        cohort.exchange("lookup", CohortStatus.FAILED, refusal.failure.code)
+        raise refusal
     return _load_with_cohort(load, cohort, stream=stream)
+
+
+def _index_refusal(load: _RankLoad) -> HostWeightError | None:
+    """A load by name whose shard key differs from the index's: the typed refusal (None otherwise)."""
+    try:
+        check_index_key(load.skeleton.source, load.parts.shard.identity.key)
+    except HostWeightError as exc:
+        return exc
+    return None
+
+
+def _named_miss(load: _RankLoad, resolution: PartsResolution) -> HostWeightError:
+    """A rank loaded by name that got no parts has no checkpoint to build or load from: why, typed."""
+    reports = (resolution.shard.report, resolution.replicated.report)
+    problem = resolution.failure or next((report.failure for report in reports if report.failure is not None), None)
+    why = problem.message if problem is not None else "no configured remote holds them"
+    return cohort_failure(
+        f"rank {load.rank}'s checkpoint is not on this node and its {' and '.join(resolution.missing_parts)} "
+        f"part(s) could not be imported ({why}); download the checkpoint here, or push the parts from a node "
+        "that built them (hwr push --all)",
+        code=problem.code if problem is not None else FailureCode.NOT_FOUND,
+        missing_parts=list(resolution.missing_parts),
+    )
 
 
 def _load_alone(load: _RankLoad, *, stream: bool) -> LoadedComponent:
@@ -193,6 +241,8 @@ def _load_alone(load: _RankLoad, *, stream: bool) -> LoadedComponent:
         resolution = load.build()
         if resolution.lease is not None:
             return load.restore(resolution.lease, resolution)
+    if load.named:
+        raise _named_miss(load, resolution)
     if load.runtime.config.mode is RuntimeMode.REQUIRED:
         if resolution.failure is not None:
             raise HostWeightError(resolution.failure)
@@ -204,6 +254,10 @@ def _load_with_cohort(load: _RankLoad, cohort: TorchCohort, *, stream: bool) -> 
     """With a process group: every rank takes the same path, decided from what each rank found (GROUP_COHORT)."""
     required = load.runtime.config.mode is RuntimeMode.REQUIRED
     resolution = load.lookup()
+    if load.named and resolution.lease is None:  # nothing to build or load instead: the group fails together
+        refusal = _named_miss(load, resolution)
+        cohort.exchange("lookup", CohortStatus.FAILED, refusal.failure.code)
+        raise refusal
     failed = resolution.failure
     reports = cohort.exchange("lookup", _status(resolution), None if failed is None else failed.code)
     cohort.raise_if_any_failed("lookup", reports)
