@@ -103,7 +103,9 @@ def load_component(
     `runtime=None` reads `HWR_*` from the environment. On a miss the checkpoint is streamed
     into a new artifact when `stream_on_miss` (default: only in REQUIRED mode); otherwise the
     model is loaded canonically and published after load. In PREFERRED mode any failure falls
-    back to the canonical load; in REQUIRED mode it raises `HostWeightError`.
+    back to the canonical load; in REQUIRED mode it raises `HostWeightError`. Checkpoint files this
+    node never hashed are hashed on threads while the skeleton is built and (PREFERRED, no remote)
+    the canonical load runs; the lookup follows the hashing, and a hit found then is still served.
 
     `publish_in_background=True` (PREFERRED, safetensors checkpoints) returns the canonical
     model as soon as it is loaded and builds the artifact from the checkpoint on a thread
