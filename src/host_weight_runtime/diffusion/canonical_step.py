@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .._faults import fault_point
 from ._load_options import LoadOptions
 from .component_source import ComponentLocation, checkpoint_source, component_model_class
 from .model_family import ImportClock, ModelFamily
@@ -15,6 +16,7 @@ __all__ = ["load_canonical_at", "load_canonical_for"]
 
 def load_canonical_for(skeleton: ComponentSkeleton, *, fp8: bool) -> torch.nn.Module:
     """The canonical model of a prepared skeleton's files and class (the skeleton itself is left alone)."""
+    fault_point("canonical_step.before_load")
     model = skeleton.family.load_canonical(
         skeleton.model_class, skeleton.source, skeleton.location.name_or_path, skeleton.options
     )

@@ -30,9 +30,10 @@ from ..failures import (
 from ..outcomes import AttemptAction, AttemptResult, ResolutionAttempt, ResolutionOutcome, ResolutionReport
 from ..runtime import HostWeightRuntime
 from ._load_options import LoadOptions, check_dtype, check_load_arguments, check_parallel, check_variant
+from ._source_prehash import SourcePrehash
 from .background import BackgroundPublication
 from .canonical_step import load_canonical_at, load_canonical_for
-from .component_source import ComponentLocation, needs_hashing
+from .component_source import ComponentLocation, needs_hashing, node_digest_cache
 from .contracts import FinalLayoutParallelIdentity
 from .diffusers_family import DIFFUSERS_FAMILY
 from .load_runtime import required_runtime, runtime_for_load
@@ -102,7 +103,9 @@ def load_component(
     `runtime=None` reads `HWR_*` from the environment. On a miss the checkpoint is streamed
     into a new artifact when `stream_on_miss` (default: only in REQUIRED mode); otherwise the
     model is loaded canonically and published after load. In PREFERRED mode any failure falls
-    back to the canonical load; in REQUIRED mode it raises `HostWeightError`.
+    back to the canonical load; in REQUIRED mode it raises `HostWeightError`. Checkpoint files this
+    node never hashed are hashed on threads while the skeleton is built and (PREFERRED, no remote)
+    the canonical load runs; the lookup follows the hashing, and a hit found then is still served.
 
     `publish_in_background=True` (PREFERRED, safetensors checkpoints) returns the canonical
     model as soon as it is loaded and builds the artifact from the checkpoint on a thread
@@ -209,25 +212,64 @@ class _ComponentCall:
 def _load_through_runtime(
     call: _ComponentCall, parallel: FinalLayoutParallelIdentity, *, stream: bool, background: bool
 ) -> LoadedComponent:
-    """Skeleton and identity, then resolve; an identity that cannot be built falls back (PREFERRED) or raises."""
+    """Skeleton and identity, then resolve; an identity that cannot be built falls back (PREFERRED) or raises.
+
+    Files this node never hashed are hashed on threads from the moment they are known, while the
+    skeleton is built and, in PREFERRED mode without a remote, while the canonical load runs: no
+    artifact can be published under their key before some process hashed them too, so the load
+    that would follow a miss starts at once, and the lookup after the hashing still uses a hit.
+    """
     identify_started = time.monotonic()
     source = _checkpoint_or_named_source(call)
+    hash_behind = background and source.use_safetensors and _first_on_node(source, call.runtime)
+    prehash = None if hash_behind or source.recorded is not None else _start_prehash(source, call.runtime)
     try:
         skeleton = prepare_skeleton(
             call.location, call.options, parallel, family=call.family, clock=call.stopwatch.clock, source=source
         )
         if call.fp8:
             skeleton = fp8_skeleton(skeleton)
-        if background and skeleton.source.use_safetensors and _first_on_node(skeleton, call.runtime):
-            return _canonical_then_hash_in_background(call, skeleton)
+    except HostWeightError as exc:
+        if prehash is not None:
+            prehash.cancel()
+        return _identity_fallback(call, exc, source, identify_started, None)
+    if hash_behind:
+        return _canonical_then_hash_in_background(call, skeleton)
+    early = None
+    if prehash is not None and prehash.files and call.mode is RuntimeMode.PREFERRED and not stream:
+        early = load_canonical_for(skeleton, fp8=call.fp8)  # the key cannot exist here before it is hashed
+    try:
+        if prehash is not None:
+            prehash.wait()
         identified = identify_component(skeleton, call.runtime)
         check_index_key(source, identified.context.identity.key)
     except HostWeightError as exc:
-        if source.recorded is not None:
-            raise  # a load by name has no checkpoint to fall back to
-        report = _identity_fallback_report(exc, call, identify_started)
-        return call.canonical_only(report, identity_failure=exc.failure)
-    return _serve(call, identified, stream=stream, background=background)
+        return _identity_fallback(call, exc, source, identify_started, early)
+    return _serve(call, identified, stream=stream, background=background, early=early)
+
+
+def _start_prehash(source: PreparedWeightSource, runtime: HostWeightRuntime) -> SourcePrehash | None:
+    """Hash the files this node never hashed, on threads, into its digest cache; None where nothing can be cached."""
+    cache = node_digest_cache(runtime)
+    if cache is None or runtime.remote_providers:
+        return None  # with a remote, the key decides whether to import instead of loading: nothing to overlap
+    return SourcePrehash(source, cache)
+
+
+def _identity_fallback(
+    call: _ComponentCall,
+    exc: HostWeightError,
+    source: PreparedWeightSource,
+    started: float,
+    early: torch.nn.Module | None,
+) -> LoadedComponent:
+    """No identity: the canonical model (the one already loaded, if any) in PREFERRED; raises otherwise."""
+    if source.recorded is not None:
+        raise exc  # a load by name has no checkpoint to fall back to
+    report = _identity_fallback_report(exc, call, started)
+    if early is not None:
+        return call.stopwatch.finish(early, ComponentLoadPath.CANONICAL, report, identity_failure=exc.failure)
+    return call.canonical_only(report, identity_failure=exc.failure)
 
 
 def _checkpoint_or_named_source(call: _ComponentCall) -> PreparedWeightSource:
@@ -236,13 +278,17 @@ def _checkpoint_or_named_source(call: _ComponentCall) -> PreparedWeightSource:
     return checkpoint_or_named_source(call.location, call.options, call.runtime, layout)
 
 
-def _first_on_node(skeleton: ComponentSkeleton, runtime: HostWeightRuntime) -> bool:
+def _first_on_node(source: PreparedWeightSource, runtime: HostWeightRuntime) -> bool:
     """Without a remote, a node that never hashed these files cannot hold their artifact: skip the lookup."""
-    return not runtime.remote_providers and needs_hashing(skeleton.source, runtime)
+    return not runtime.remote_providers and needs_hashing(source, runtime)
 
 
 def _canonical_then_hash_in_background(call: _ComponentCall, skeleton: ComponentSkeleton) -> LoadedComponent:
-    """The canonical model now; hashing and the build move to the background publication."""
+    """The canonical model now; hashing and the build move to the background publication, started first.
+
+    The publication thread runs at a lower priority, so it takes the core the canonical load leaves free.
+    """
+    publication = start_background_publication(skeleton, call.runtime)
     model = load_canonical_for(skeleton, fp8=call.fp8)
     skipped = ResolutionAttempt(
         ResolutionStage.LOOKUP, AttemptResult.SKIPPED, AttemptAction.FALL_BACK, 0.0, None, _SKIPPED_LOOKUP
@@ -251,7 +297,7 @@ def _canonical_then_hash_in_background(call: _ComponentCall, skeleton: Component
         model,
         ComponentLoadPath.CANONICAL,
         report_without_lookup(call.mode, ResolutionOutcome.CANONICAL_FALLBACK, skipped),
-        background_publication=start_background_publication(skeleton, call.runtime),
+        background_publication=publication,
     )
 
 
@@ -275,8 +321,19 @@ def _identity_fallback_report(exc: HostWeightError, call: _ComponentCall, starte
     return report_without_lookup(call.mode, ResolutionOutcome.CANONICAL_FALLBACK, attempt)
 
 
-def _serve(call: _ComponentCall, identified: IdentifiedComponent, *, stream: bool, background: bool) -> LoadedComponent:
-    """Restore from the artifact on a hit; otherwise load canonically and leave the artifact for the next worker."""
+def _serve(
+    call: _ComponentCall,
+    identified: IdentifiedComponent,
+    *,
+    stream: bool,
+    background: bool,
+    early: torch.nn.Module | None = None,
+) -> LoadedComponent:
+    """Restore from the artifact on a hit; otherwise load canonically and leave the artifact for the next worker.
+
+    `early` is the canonical model when it was loaded while the sources hashed: a hit still wins (the
+    shared artifact is served and nothing is published), a miss publishes that model.
+    """
     key = identified.context.identity.key
     resolution = resolve_component(identified, call.runtime, stream=stream)
     restore_failure = None
@@ -291,16 +348,17 @@ def _serve(call: _ComponentCall, identified: IdentifiedComponent, *, stream: boo
         restore_failure = restored.failure
     if identified.skeleton.source.recorded is not None:
         raise _named_load_failed(identified, resolution.report, restore_failure)
-    model = load_canonical_for(identified.skeleton, fp8=call.fp8)
-    publication = None
+    publish = restore_failure is None and resolution.outcome is ResolutionOutcome.CANONICAL_FALLBACK
     in_background: BackgroundPublication | None = None
-    if restore_failure is None and resolution.outcome is ResolutionOutcome.CANONICAL_FALLBACK:
-        if background and identified.skeleton.source.use_safetensors:
-            in_background = start_background_publication(identified, call.runtime)
-        else:
-            publication = publish_after_canonical_load(
-                call.runtime, identified.context, identified.skeleton.component_name, model, fp8=call.fp8
-            )
+    if publish and background and identified.skeleton.source.use_safetensors:
+        # Started before the canonical load: at its lower priority it streams on the core the load leaves free.
+        in_background = start_background_publication(identified, call.runtime)
+    model = early if early is not None else load_canonical_for(identified.skeleton, fp8=call.fp8)
+    publication = None
+    if publish and in_background is None:
+        publication = publish_after_canonical_load(
+            call.runtime, identified.context, identified.skeleton.component_name, model, fp8=call.fp8
+        )
     return call.stopwatch.finish(
         model,
         ComponentLoadPath.CANONICAL,

@@ -1,0 +1,172 @@
+"""A local folder seen for the first time on a node: its files are hashed on threads while the load runs.
+
+The content key stays exact (the SHA-256 of every file, as a hub snapshot names its blobs), a hit that
+is found once the hashing is done is still served, REQUIRED never loads canonically, and a background
+publication starts before the canonical load it overlaps (D03, D14).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from host_weight_runtime._faults import Fault, FaultAction, armed
+from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
+from host_weight_runtime.diffusion import ComponentLoadPath, load_component, prewarm_component
+from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
+from host_weight_runtime.runtime import HostWeightRuntime
+from host_weight_runtime.tools.synthetic_models import (
+    forward_inputs,
+    run_forward,
+    save_hub_snapshot,
+    save_pipeline_folder,
+    tiny_spec,
+)
+
+KIND = "flux"
+SUBFOLDER = "transformer"
+REPO_ID = "hwr-test/first-sight"
+WAIT_S = 120.0
+"""How long a seam waits for the other thread before it records that the two did not overlap."""
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("HWR_MODE", "HWR_ROOT", "HWR_ALLOW_LOCAL_BUILD", "HWR_ALLOW_POST_LOAD_PUBLISH", "HWR_REMOTE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_pipeline_folder(tmp_path_factory.mktemp("models") / "tiny-flux", KIND, seed=5, max_shard_size="40KB")
+
+
+@pytest.fixture(scope="module")
+def canonical_output(pipeline: Path) -> torch.Tensor:
+    model = tiny_spec(KIND).model_class().from_pretrained(str(pipeline / SUBFOLDER), torch_dtype=torch.bfloat16)
+    return _forward(model)
+
+
+def _forward(model: torch.nn.Module) -> torch.Tensor:
+    return run_forward(KIND, model, forward_inputs(KIND, model))
+
+
+def _runtime(root: Path, mode: RuntimeMode = RuntimeMode.PREFERRED) -> HostWeightRuntime:
+    return HostWeightRuntime(HostWeightRuntimeConfig(mode=mode, root=root))
+
+
+def _artifact_keys(root: Path) -> list[str]:
+    return sorted(path.name for path in (root / "artifacts").iterdir() if path.is_dir())
+
+
+class _Meeting:
+    """Two seams on two threads: `waiter` blocks until `arriver` ran (or WAIT_S passed) and records which."""
+
+    def __init__(self) -> None:
+        self.arrived = threading.Event()
+        self.met: list[bool] = []
+
+    def arriver(self) -> Callable[[str], None]:
+        return lambda _point: self.arrived.set()
+
+    def waiter(self) -> Callable[[str], None]:
+        return lambda _point: self.met.append(self.arrived.wait(WAIT_S))
+
+
+def test_the_canonical_load_runs_while_the_files_hash_and_the_key_is_exact(
+    tmp_path: Path, pipeline: Path, canonical_output: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D03/D14: on first sight in PREFERRED the first file's hash cannot finish before the canonical load
+    began (the seams meet across threads), yet the call still publishes, under the key a hub snapshot of
+    the same files gets (blob names are their SHA-256), which a fresh load then hits bit-identically."""
+    root = tmp_path / "domain"
+    meeting = _Meeting()
+    with (
+        armed("source_digest_cache.before_hash", Fault(FaultAction.PAUSE, hook=meeting.waiter())),
+        armed("canonical_step.before_load", Fault(FaultAction.PAUSE, hook=meeting.arriver())),
+        load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root)) as first,
+    ):
+        assert meeting.met == [True]
+        assert first.outcome is ResolutionOutcome.CANONICAL_FALLBACK
+        assert first.load_path is ComponentLoadPath.CANONICAL
+        assert first.publication is not None and first.publication.status is PostLoadPublicationStatus.PUBLISHED
+        assert torch.equal(_forward(first.model), canonical_output)
+        key = first.identity_key
+    assert key is not None and _artifact_keys(root) == [key]
+
+    cache = tmp_path / "hub"
+    save_hub_snapshot(cache, REPO_ID, pipeline)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    with load_component(REPO_ID, subfolder=SUBFOLDER, runtime=_runtime(tmp_path / "other-domain")) as by_blob_names:
+        assert by_blob_names.identity_key == key  # nothing hashed there: the blob names are the content ids
+    with load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root)) as second:
+        assert second.outcome is ResolutionOutcome.LOCAL_HIT and second.identity_key == key
+        assert torch.equal(_forward(second.model), canonical_output)
+
+
+def test_a_hit_found_after_the_hashing_is_served_and_nothing_is_published_again(
+    tmp_path: Path, pipeline: Path, canonical_output: torch.Tensor
+) -> None:
+    """D14: the artifact exists but this node's digest cache does not know the files (removed), so the
+    canonical load starts while they hash; the lookup that follows hits, and the call serves the artifact
+    (LOCAL_HIT, no publication, still one artifact), bit-identical to canonical."""
+    root = tmp_path / "domain"
+    built = prewarm_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root, RuntimeMode.REQUIRED))
+    shutil.rmtree(root / "source-digests-v1")
+    canonical_loads: list[str] = []
+    with (
+        armed("canonical_step.before_load", Fault(FaultAction.PAUSE, hook=canonical_loads.append)),
+        load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root)) as loaded,
+    ):
+        assert canonical_loads == ["canonical_step.before_load"]  # it overlapped the hashing, then lost to the hit
+        assert loaded.outcome is ResolutionOutcome.LOCAL_HIT
+        assert loaded.load_path is ComponentLoadPath.ARTIFACT
+        assert loaded.publication is None and loaded.identity_key == built.identity_key
+        assert torch.equal(_forward(loaded.model), canonical_output)
+    assert _artifact_keys(root) == [built.identity_key]
+
+
+def test_required_mode_hashes_during_the_skeleton_but_never_loads_canonically(
+    tmp_path: Path, pipeline: Path, canonical_output: torch.Tensor
+) -> None:
+    """D14: in REQUIRED the first load on a node streams the artifact (LOCAL_PRODUCTION) and never runs the
+    canonical load, although the files hash on threads from the start."""
+    root = tmp_path / "domain"
+    canonical_loads: list[str] = []
+    with (
+        armed("canonical_step.before_load", Fault(FaultAction.PAUSE, hook=canonical_loads.append)),
+        load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root, RuntimeMode.REQUIRED)) as loaded,
+    ):
+        assert canonical_loads == []
+        assert loaded.outcome is ResolutionOutcome.LOCAL_PRODUCTION
+        assert loaded.load_path is ComponentLoadPath.ARTIFACT
+        assert torch.equal(_forward(loaded.model), canonical_output)
+
+
+def test_the_background_publication_starts_before_the_canonical_load(
+    tmp_path: Path, pipeline: Path, canonical_output: torch.Tensor
+) -> None:
+    """D14: with `publish_in_background=True` on first sight, the canonical load cannot begin before the
+    background thread hashed its first file (the seams meet across threads); the artifact it builds is
+    then hit bit-identically."""
+    root = tmp_path / "domain"
+    meeting = _Meeting()
+    with (
+        armed("source_digest_cache.before_hash", Fault(FaultAction.PAUSE, hook=meeting.arriver())),
+        armed("canonical_step.before_load", Fault(FaultAction.PAUSE, hook=meeting.waiter())),
+        load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root), publish_in_background=True) as first,
+    ):
+        assert meeting.met == [True]
+        assert first.background_publication is not None
+        assert first.background_publication.wait(WAIT_S) and first.background_publication.failure is None
+        assert torch.equal(_forward(first.model), canonical_output)
+    with load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root)) as second:
+        assert second.outcome is ResolutionOutcome.LOCAL_HIT
+        assert torch.equal(_forward(second.model), canonical_output)
