@@ -168,11 +168,11 @@ def main() -> int:
                 rows.extend(_round(specs, index * 3, log))
                 print(f"# {size:g} GiB round {index + 1} done, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
             samples[f"{size:g}"] = rows
-            report.extend(_report(size, rows, list(places), sources))
-            report.append("")
-    print("\n".join(report))
-    if options.json:
-        Path(options.json).write_text(json.dumps(samples, indent=1))
+            # Each size is reported (and its samples written) as soon as it is done: a long run keeps what it got.
+            print("\n".join([*report, *_report(size, rows, list(places), sources), ""]), flush=True)
+            report = []
+            if options.json:
+                Path(options.json).write_text(json.dumps(samples, indent=1))
     return 0
 
 
