@@ -181,6 +181,32 @@ def test_validator_refuses_wan_with_a_kept_fp32_tensor_cast_to_bf16(restore: Any
         contract.validator(model)
 
 
+def test_validator_refuses_one_wrong_dtype_deep_in_a_block(restore: Any) -> None:
+    """D13: the validator's one walk over the modules still sees every parameter: a single FP32 weight in the last
+    block of a BF16 Flux model is refused by name."""
+    restored = restore("flux")
+    contract = _contract("flux")
+    block = restored.model.single_transformer_blocks[-1]
+    block.proj_out.weight = torch.nn.Parameter(block.proj_out.weight.to(torch.float32), requires_grad=False)
+    with pytest.raises(ModelNotReadyError, match=r"single_transformer_blocks\.\d+\.proj_out\.weight is torch\.float32"):
+        contract.validator(restored.model)
+
+
+def test_validator_names_a_meta_buffer_before_an_earlier_dtype_mismatch(restore: Any) -> None:
+    """D13: a buffer left on meta anywhere is reported as unrestored even when a parameter earlier in the walk has
+    the wrong dtype (the dtype verdict waits until every tensor was seen)."""
+    restored = restore("flux")
+    contract = _contract("flux")
+    model = restored.model
+    model.x_embedder.weight = torch.nn.Parameter(model.x_embedder.weight.to(torch.float32), requires_grad=False)
+    model.proj_out.register_buffer("left_behind", torch.empty(2, device="meta"))
+    with pytest.raises(ModelNotReadyError, match=r"proj_out\.left_behind is still on the meta device"):
+        contract.validator(model)
+    del model.proj_out.left_behind
+    with pytest.raises(ModelNotReadyError, match=r"x_embedder\.weight is torch\.float32"):
+        contract.validator(model)
+
+
 def test_validator_keeps_requires_grad_and_refuses_missing_modules(restore: Any) -> None:
     """D13: requires_grad is left as diffusers gives it (either value passes), and a model lacking a module its
     contract requires is refused."""

@@ -62,33 +62,55 @@ def _weight_scale(module: torch.nn.Module) -> object:
     return None
 
 
+def _tensor_name(prefix: str, attribute: str) -> str:
+    return f"{prefix}.{attribute}" if prefix else attribute
+
+
 def _require_served(model: torch.nn.Module) -> None:
     """Eval mode and every tensor materialized (not on `meta`): what any family's restored model must be."""
-    if model.training:
-        raise ModelNotReadyError(f"{type(model).__name__} is in training mode; a restored model serves in eval mode")
-    for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
-        if tensor.is_meta:
-            raise ModelNotReadyError(f"{name} is still on the meta device; the model was not fully restored")
+    _require_ready(model, (), None)
 
 
 def _require_ready(
-    model: torch.nn.Module, keep_in_fp32_modules: tuple[str, ...], dtype: torch.dtype = torch.bfloat16
+    model: torch.nn.Module, keep_in_fp32_modules: tuple[str, ...], dtype: torch.dtype | None = torch.bfloat16
 ) -> None:
-    """Every tensor is materialized on the host; floating parameters follow the dtype policy; eval mode.
+    """Every tensor is materialized on the host; floating parameters follow the dtype policy (None: any dtype);
+    eval mode.
 
-    `requires_grad` is left as diffusers gives it: a lease maps private copy-on-write, so not
-    even a write to a parameter can reach the artifact.
+    One walk over the modules (the tensors `named_parameters`/`named_buffers(remove_duplicate=False)` give),
+    reading each module's own tensor dicts, so the check costs one pass per tensor. `requires_grad` is left as
+    diffusers gives it: a lease maps private copy-on-write, so not even a write to a parameter can reach the
+    artifact.
     """
-    _require_served(model)
-    quantized = {  # FP8 representation: an FP8Linear's weight is float8_e4m3fn next to its FP32 weight_scale
-        f"{name}.weight" for name, module in model.named_modules() if isinstance(_weight_scale(module), torch.Tensor)
-    }
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        if not parameter.dtype.is_floating_point or (name in quantized and parameter.dtype == torch.float8_e4m3fn):
-            continue
-        expected = torch.float32 if keeps_fp32(name, keep_in_fp32_modules) else dtype
-        if parameter.dtype != expected:
-            raise ModelNotReadyError(f"{name} is {parameter.dtype}; the {_LABELS[dtype]} policy requires {expected}")
+    if model.training:
+        raise ModelNotReadyError(f"{type(model).__name__} is in training mode; a restored model serves in eval mode")
+    mismatch: str | None = None
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        for attribute, buffer in module._buffers.items():
+            if buffer is not None and buffer.is_meta:
+                raise ModelNotReadyError(
+                    f"{_tensor_name(prefix, attribute)} is still on the meta device; the model was not fully restored"
+                )
+        # FP8 representation: an FP8Linear's weight is float8_e4m3fn next to its FP32 weight_scale.
+        quantized = dtype is not None and isinstance(_weight_scale(module), torch.Tensor)
+        for attribute, parameter in module._parameters.items():
+            if parameter is None:
+                continue
+            if parameter.is_meta:
+                raise ModelNotReadyError(
+                    f"{_tensor_name(prefix, attribute)} is still on the meta device; the model was not fully restored"
+                )
+            if dtype is None or mismatch is not None or not parameter.dtype.is_floating_point:
+                continue
+            if quantized and attribute == "weight" and parameter.dtype == torch.float8_e4m3fn:
+                continue
+            name = _tensor_name(prefix, attribute)
+            expected = torch.float32 if keep_in_fp32_modules and keeps_fp32(name, keep_in_fp32_modules) else dtype
+            if parameter.dtype != expected:
+                # Reported after the walk, so a tensor still on meta anywhere is named first.
+                mismatch = f"{name} is {parameter.dtype}; the {_LABELS[dtype]} policy requires {expected}"
+    if mismatch is not None:
+        raise ModelNotReadyError(mismatch)
 
 
 def _require_modules(*names: str) -> Callable[[torch.nn.Module], None]:
