@@ -203,16 +203,21 @@ def runtime_at(root: Path, mode: RuntimeMode = RuntimeMode.PREFERRED) -> HostWei
     return HostWeightRuntime(HostWeightRuntimeConfig(mode=mode, root=root))
 
 
-def warm_load_in_child(root: str, folder: str, subfolder: str, conn: Connection) -> None:
-    """A fresh worker: load the encoder at every served dtype and report outcome, every tensor and the output."""
+def warm_load_every_encoder_in_child(root: str, folder: str, subfolders: list[str], conn: Connection) -> None:
+    """One fresh worker for every encoder (each starts with nothing of its own loaded): load each at every
+    served dtype and report, per subfolder, the outcome, every tensor and the output."""
     import transformers
 
+    transformers.logging.set_verbosity_error()
+    conn.send({subfolder: _warm_reports(Path(root), folder, subfolder) for subfolder in subfolders})
+
+
+def _warm_reports(root: Path, folder: str, subfolder: str) -> list[dict[str, Any]]:
     from host_weight_runtime.diffusion import load_component
 
-    transformers.logging.set_verbosity_error()
     reports: list[dict[str, Any]] = []
     for dtype in DTYPES:
-        with load_component(folder, subfolder=subfolder, runtime=runtime_at(Path(root)), torch_dtype=dtype) as loaded:
+        with load_component(folder, subfolder=subfolder, runtime=runtime_at(root), torch_dtype=dtype) as loaded:
             model = loaded.model
             live = dict(model.named_parameters(remove_duplicate=False))
             reports.append(
@@ -232,4 +237,4 @@ def warm_load_in_child(root: str, folder: str, subfolder: str, conn: Connection)
                     ),
                 }
             )
-    conn.send(reports)
+    return reports

@@ -95,14 +95,41 @@ def run_group(tmp: Path, folder: Folder, domain: Path, world: int, steps: list[d
     return per_step
 
 
+SharedGroup = tuple[dict[str, Path], dict[str, list[Any]]]
+# The first test to use it runs the shared group in its setup: three tests' group work in one, so the
+# tests that use it have a limit above the suite's default.
+SHARED_GROUP_TIMEOUT = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def shared_group(tmp_path_factory: pytest.TempPathFactory, flux: Folder) -> SharedGroup:
+    """One TP=2 group of two spawned ranks running the steps of three tests, each on its own domain (one group
+    start instead of three): cold then warm in REQUIRED, cold then warm in PREFERRED with the parameters'
+    placements, and ranks resolving without a cohort."""
+    tmp = tmp_path_factory.mktemp("tp-shared-group")
+    domains = {name: tmp / name for name in ("cold-warm", "restored", "alone")}
+    placements = {"mode": "preferred", "placements": True, "domain": str(domains["restored"])}
+    steps: dict[str, dict[str, Any]] = {
+        "cold": {"mode": "required"},
+        "warm": {"mode": "preferred"},
+        "restored-cold": placements,
+        "restored-warm": placements,
+        "alone": {"mode": "required", "group": False, "domain": str(domains["alone"])},
+    }
+    results = run_group(tmp, flux, domains["cold-warm"], 2, list(steps.values()))
+    return domains, dict(zip(steps, results, strict=True))
+
+
+@SHARED_GROUP_TIMEOUT
 def test_cold_group_builds_one_bundle_then_warm_group_hits_with_identical_forward(
-    tmp_path: Path, flux: Folder, reference: torch.Tensor
+    shared_group: SharedGroup, reference: torch.Tensor
 ) -> None:
     """D14/D13: a cold TP=2 group in REQUIRED builds one bundle and serves from it; a warm group in PREFERRED hits
     on every rank; the parallelized (DTensor, gloo) forward matches the unsharded canonical one within BF16
     tolerance and the warm forward equals the cold one bit for bit."""
-    domain = tmp_path / "hwr"
-    cold, warm = run_group(tmp_path, flux, domain, 2, [{"mode": "required"}, {"mode": "preferred"}])
+    domains, results = shared_group
+    domain = domains["cold-warm"]
+    cold, warm = results["cold"], results["warm"]
     assert all(result["path"] == "artifact" for result in cold + warm)
     assert {result["outcome"] for result in warm} == {"local_hit"}
     for before, after in zip(cold, warm, strict=True):
@@ -116,10 +143,13 @@ def test_mixed_group_falls_back_together_or_fails_together(tmp_path: Path, flux:
     """D14: with rank 1's artifact removed, PREFERRED sends the whole group to the canonical path (and republishes),
     REQUIRED without a build fails on every rank with the same typed code."""
     domain = tmp_path / "hwr"
-    (warm,) = run_group(tmp_path, flux, domain, 2, [{"mode": "required"}])
-    assert all(result["path"] == "artifact" for result in warm)
+    # The bundle a group builds, built here without starting one (the prewarm's keys are the ranks' keys).
+    _replicated, _rank0, rank1 = prewarm_tensor_parallel(
+        flux.root, tensor_parallel_size=2, subfolder=DIT, runtime=runtime_at(domain, RuntimeMode.REQUIRED)
+    )
+    assert rank1.resolution.outcome is ResolutionOutcome.LOCAL_HIT  # published by the same pass
     store = FilesystemHostWeightStore(domain)
-    store.cleanup(warm[1]["key"])
+    store.cleanup(rank1.identity_key)
     required, preferred, again = run_group(
         tmp_path,
         flux,
@@ -287,13 +317,14 @@ def test_fp8_groups_stream_the_bundle_or_are_served_from_an_fp8_prewarm(tmp_path
     assert len(list(FilesystemHostWeightStore(tmp_path / "hwr-cold").layout.artifacts.iterdir())) == 3
 
 
-def test_a_rank_restored_from_its_parts_equals_the_canonical_rank(tmp_path: Path, flux: Folder) -> None:
+@SHARED_GROUP_TIMEOUT
+def test_a_rank_restored_from_its_parts_equals_the_canonical_rank(shared_group: SharedGroup) -> None:
     """T01: a cold TP=2 group in PREFERRED loads canonically, localizes and publishes the two parts (the
     replicated part once); the warm group restores from them: every parameter has the same DTensor
     placements, dtype and local bytes as the canonical rank had, and the forward is bit-identical."""
-    domain = tmp_path / "hwr"
-    step = {"mode": "preferred", "placements": True}
-    cold, warm = run_group(tmp_path, flux, domain, 2, [step, step])
+    domains, results = shared_group
+    domain = domains["restored"]
+    cold, warm = results["restored-cold"], results["restored-warm"]
     assert [result["path"] for result in cold] == ["canonical", "canonical"]
     assert [result["outcome"] for result in warm] == ["local_hit", "local_hit"]
     for before, after in zip(cold, warm, strict=True):
@@ -316,11 +347,13 @@ def test_ranks_with_different_plan_versions_are_refused_before_touching_artifact
     assert not list(store.layout.artifacts.glob("*")) and not list(store.layout.tmp.glob("*"))
 
 
-def test_ranks_without_a_group_build_one_bundle_and_join_it(tmp_path: Path, flux: Folder) -> None:
+@SHARED_GROUP_TIMEOUT
+def test_ranks_without_a_group_build_one_bundle_and_join_it(shared_group: SharedGroup) -> None:
     """T01/S14: two ranks resolving independently (no cohort) in REQUIRED both stream on a miss: one bundle
     publishes the replicated part and both shards, the other rank joins or hits; both serve from artifacts."""
-    domain = tmp_path / "hwr"
-    (alone,) = run_group(tmp_path, flux, domain, 2, [{"mode": "required", "group": False}])
+    domains, results = shared_group
+    domain = domains["alone"]
+    alone = results["alone"]
     assert [result["path"] for result in alone] == ["artifact", "artifact"]
     store = FilesystemHostWeightStore(domain)
     assert len(list(store.layout.artifacts.iterdir())) == 3

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,9 @@ from ._encoders import (
     runtime_at,
     save_encoder,
     save_encoder_pipeline,
-    warm_load_in_child,
+    warm_load_every_encoder_in_child,
 )
-from .support import recv_within, spawned_child
+from .support import CHILD_TIMEOUT_S, recv_within, spawned_child
 
 HWR_VARIABLES = ("HWR_MODE", "HWR_ROOT", "HWR_REMOTE", "HWR_ALLOW_LOCAL_BUILD", "HWR_ALLOW_POST_LOAD_PUBLISH")
 
@@ -68,23 +69,60 @@ def _manifest_names(loaded: Any) -> set[str]:
 # ----------------------------------------------------------------------------- cold, then warm in a fresh process
 
 
+@dataclass(frozen=True, slots=True)
+class ColdLoad:
+    """What a first (cold) load of an encoder at one dtype came back with."""
+
+    outcome: ResolutionOutcome
+    identity_failure: object
+    publication: PostLoadPublicationStatus | None
+    identity_key: str | None
+
+
+@pytest.fixture(scope="module")
+def cold_then_warm(
+    tmp_path_factory: pytest.TempPathFactory, pipeline: Path
+) -> tuple[dict[str, list[ColdLoad]], dict[str, list[dict[str, Any]]]]:
+    """Every encoder loaded cold at every dtype into one domain, then warm in one fresh process (spawned, so
+    nothing of the cold loads is in its memory): one interpreter start instead of one per encoder."""
+    root = tmp_path_factory.mktemp("encoder-domain") / "domain"
+    with pytest.MonkeyPatch.context() as environment:
+        for name in HWR_VARIABLES:
+            environment.delenv(name, raising=False)
+        environment.setenv("HF_HUB_OFFLINE", "1")
+        environment.setenv("HF_HUB_CACHE", str(root.parent / "empty-hub-cache"))
+        cold: dict[str, list[ColdLoad]] = {}
+        for subfolder in ENCODERS:
+            cold[subfolder] = []
+            for dtype in DTYPES:
+                with load_component(pipeline, subfolder=subfolder, runtime=runtime_at(root), torch_dtype=dtype) as load:
+                    publication = None if load.publication is None else load.publication.status
+                    cold[subfolder].append(
+                        ColdLoad(load.outcome, load.identity_failure, publication, load.identity_key)
+                    )
+        with spawned_child(warm_load_every_encoder_in_child, str(root), str(pipeline), list(ENCODERS)) as conn:
+            warm: Any = recv_within(conn, len(ENCODERS) * CHILD_TIMEOUT_S)
+    return cold, warm
+
+
+# The first of these runs the module fixture, every encoder's cold loads and their one warm process: the
+# work of seven tests in one setup, so its limit is above the suite's default.
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("subfolder", list(ENCODERS))
-def test_warm_load_in_a_fresh_process_equals_from_pretrained(tmp_path: Path, pipeline: Path, subfolder: str) -> None:
+def test_warm_load_in_a_fresh_process_equals_from_pretrained(
+    cold_then_warm: tuple[dict[str, list[ColdLoad]], dict[str, list[dict[str, Any]]]], pipeline: Path, subfolder: str
+) -> None:
     """P03/P04/D14: cold = canonical + published; a fresh worker hits at BF16, FP16 and FP32 (three keys) and holds
     exactly `from_pretrained(folder, dtype=...)`: every parameter and buffer byte for byte, the same dtypes,
     ties, eval mode and forward output."""
-    root = tmp_path / "domain"
-    cold_keys = []
-    for dtype in DTYPES:
-        with load_component(pipeline, subfolder=subfolder, runtime=runtime_at(root), torch_dtype=dtype) as cold:
-            assert cold.outcome is ResolutionOutcome.CANONICAL_FALLBACK, cold.identity_failure
-            assert cold.publication is not None
-            assert cold.publication.status is PostLoadPublicationStatus.PUBLISHED
-            cold_keys.append(cold.identity_key)
+    cold_loads = cold_then_warm[0][subfolder]
+    for cold in cold_loads:
+        assert cold.outcome is ResolutionOutcome.CANONICAL_FALLBACK, cold.identity_failure
+        assert cold.publication is PostLoadPublicationStatus.PUBLISHED
+    cold_keys = [cold.identity_key for cold in cold_loads]
     assert len(set(cold_keys)) == len(DTYPES)
 
-    with spawned_child(warm_load_in_child, str(root), str(pipeline), subfolder) as conn:
-        reports: Any = recv_within(conn)
+    reports = cold_then_warm[1][subfolder]
     for dtype, report, key in zip(DTYPES, reports, cold_keys, strict=True):
         reference = canonical(pipeline, subfolder, dtype)
         assert report["outcome"] == ResolutionOutcome.LOCAL_HIT.value

@@ -47,6 +47,7 @@ from ..common import remove_tree
 __all__ = ["ThroughputSamples", "measure_throughput"]
 
 _TENSOR_BYTES = 16 << 20
+_ROW_ELEMENTS = 4096  # BF16 elements per tensor row
 _FILES = 2
 _MANIFEST_SCHEMA = "bench-manifest"  # + the digest algorithm's name: each format has its own keys
 _RESTORER_SCHEMA = "bench-restorer-v1"
@@ -84,12 +85,15 @@ def _identity(payload_bytes: int, run: int, algorithm: DigestAlgorithm) -> Weigh
 
 
 def _tensors(payload_bytes: int) -> dict[str, torch.Tensor]:
-    """Random BF16 bit patterns (incompressible, like trained weights), 16 MiB each."""
+    """Random BF16 bit patterns (incompressible, like trained weights): 16 MiB each, smaller for a payload
+    under 32 MiB, so that each of the `_FILES` payload files gets at least one (a payload file may not be empty)."""
     generator = torch.Generator().manual_seed(0)
-    count = max(1, payload_bytes // _TENSOR_BYTES)
+    row_bytes = _ROW_ELEMENTS * 2
+    tensor_rows = max(1, min(_TENSOR_BYTES, payload_bytes // _FILES) // row_bytes)
+    count = max(_FILES, payload_bytes // (tensor_rows * row_bytes))
     return {
         f"blocks.{index}.weight": torch.randint(
-            -32768, 32767, (_TENSOR_BYTES // 2 // 4096, 4096), dtype=torch.int16, generator=generator
+            -32768, 32767, (tensor_rows, _ROW_ELEMENTS), dtype=torch.int16, generator=generator
         ).view(torch.bfloat16)
         for index in range(count)
     }
