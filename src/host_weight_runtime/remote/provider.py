@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 import collections
 import contextlib
 import hashlib
+import os
 from collections.abc import Generator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -333,6 +334,10 @@ class FsspecArtifactProvider:
     ) -> None:
         specs = tuple(spec_of(entry) for entry in tensors)
         relative = f"{key}/{file.name}"
+        if isinstance(writer, StagingArtifactWriter) and self._location.local:
+            opened = writer.open_tensor_file(file.name, specs, ordered=True, caller_hashes=True)
+            self._copy_file(key, file, tensors, opened, lanes)
+            return
         ranges = self._stream(relative, plan_ranges(file, tensors, self._chunk_bytes), pool, lanes.buffers)
         with contextlib.closing(ranges):  # no read outlives a failed write
             next(ranges)  # the first reads start now, while the writer preallocates the file
@@ -374,6 +379,47 @@ class FsspecArtifactProvider:
             file_writer.close()
             self._compare_hashed(key, file, tensors, digests)
 
+    def _copy_file(
+        self,
+        key: str,
+        file: FileManifestEntry,
+        tensors: tuple[TensorManifestEntry, ...],
+        file_writer: TensorFileWriter,
+        lanes: HashLanes,
+    ) -> None:
+        """A local source: each range copied by the kernel into the staged file, then hashed from the stored
+        pages on the lane while the next range copies (what is hashed is exactly what was stored)."""
+        assert isinstance(file_writer, StagingTensorFileWriter)
+        relative = f"{key}/{file.name}"
+        hashers = lanes.open_file(tensors)
+        for item in plan_ranges(file, tensors, self._chunk_bytes):
+            fault_point("remote.fetch.chunk")
+            wanted = item.end - item.start
+            source_fd = self._location.open_local(relative)  # per range, as a ranged read sees the object now
+            assert source_fd is not None
+            try:
+                view = file_writer.copy_data(source_fd, item.start, wanted)
+            finally:
+                os.close(source_fd)
+            if len(view) != wanted:
+                view.release()
+                raise self._short_read(relative, item, len(view))
+            lanes.hash_stored(hashers, view, item.writes)
+        lanes.drain()
+        file_writer.close_hashed(tuple(hashers[tensor.name].hexdigest() for tensor in tensors))
+        self._compare_written(key, file, tensors, file_writer)
+
+    def _short_read(self, relative: str, item: ReadRange, count: int) -> HostWeightError:
+        return remote_failed(
+            f"{relative} at {self._provider_id} returned {count} bytes for a read of "
+            f"{item.end - item.start} at offset {item.start}: the object is truncated or the server "
+            "ignores ranges",
+            retryable=False,
+            provider_id=self._provider_id,
+            object=relative,
+            offset=item.start,
+        )
+
     def _read_range(self, relative: str, item: ReadRange, buffers: RangeBuffers) -> tuple[bytearray, int]:
         """One ranged read into a (reused) writable buffer, on a reading thread (tensors view it)."""
         buffer = buffers.take(item.end - item.start)
@@ -396,15 +442,7 @@ class FsspecArtifactProvider:
                 item, future = window.popleft()
                 data, count = future.result()
                 if count != item.end - item.start:
-                    raise remote_failed(
-                        f"{relative} at {self._provider_id} returned {count} bytes for a read of "
-                        f"{item.end - item.start} at offset {item.start}: the object is truncated or the server "
-                        "ignores ranges",
-                        retryable=False,
-                        provider_id=self._provider_id,
-                        object=relative,
-                        offset=item.start,
-                    )
+                    raise self._short_read(relative, item, count)
                 following = next(upcoming, None)
                 if following is not None:
                     read = pool.submit(self._read_range, relative, following, buffers)
