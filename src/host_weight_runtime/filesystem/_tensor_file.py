@@ -25,7 +25,7 @@ from .._faults import fault_point
 from ..manifest import FileManifestEntry, TensorManifestEntry
 from ..protocols import TensorWriteSpec
 from ..tensors import contiguous_strides
-from ._coverage import RowCoverage, rows_of_write
+from ._coverage import RowCoverage, claims_of, rows_of_write
 from ._kernel_copy import StoredPages, kernel_copy
 from ._payload_hashing import PayloadHasher
 from ._safetensors_layout import FileLayout, tensor_bytes
@@ -85,7 +85,7 @@ class WrittenFile:
         )
 
 
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     """Write all of `data` at `offset`; a pwrite that makes no progress is an I/O error."""
     done = 0
     total = len(data)
@@ -247,6 +247,11 @@ class StagingTensorFileWriter:
         """
         return self._owner._guarded(lambda: self._copy_data(source_fd, source_offset, nbytes))
 
+    def write_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Write `data` as the next bytes of the data section (ordered, caller-hashed files; whole rows), with no
+        tensor in between: for a caller that holds the bytes of a laid-out file, such as a ranged remote read."""
+        self._owner._guarded(lambda: self._write_data(data))
+
     def close(self) -> None:
         """Check coverage, fsync, hash and release the file; later calls do nothing."""
         if self._caller_hashes and not self._closed:
@@ -365,55 +370,51 @@ class StagingTensorFileWriter:
                 raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
 
     def _copy_data(self, source_fd: int, source_offset: int, nbytes: int) -> memoryview:
+        def transfer(offset: int) -> int:
+            return kernel_copy(source_fd, source_offset, self._fd, offset, nbytes)
+
+        copied, offset = self._store_data(nbytes, transfer)
+        if self._stored is None:
+            self._stored = StoredPages(self._fd, self._layout.size)
+        return self._stored.view(offset, copied)
+
+    def _store_data(self, nbytes: int, transfer: Callable[[int], int]) -> tuple[int, int]:
+        """Claim the next `nbytes` of the data section, `transfer` them to their file offset, mark them written
+        when all came; returns how many came and the file offset."""
         if not (self._ordered and self._caller_hashes):
             raise producer_failed(
-                f"{self._name}: copy_data needs a file opened ordered with caller_hashes", file=self._name
+                f"{self._name}: copy_data and write_data need a file opened ordered with caller_hashes",
+                file=self._name,
             )
         if self._closed:
             raise producer_failed(f"{self._name} is closed; no more writes are accepted", file=self._name)
         self._owner._check_open()
         with self._lock:
             begin = self._next_byte
-            claims = self._claims_of(begin, begin + nbytes)
+            claims = claims_of(self._name, self._coverage, self._layout.placements, begin, begin + nbytes)
             for coverage, start, stop in claims:
                 self._claim(coverage, start, stop, ordered_begin=None)
             offset = len(self._layout.header) + begin
             try:
-                copied = kernel_copy(source_fd, source_offset, self._fd, offset, nbytes)
+                done = transfer(offset)
             except OSError as exc:
-                what = f"copying data bytes {begin}..{begin + nbytes} of {self._name}"
+                what = f"storing data bytes {begin}..{begin + nbytes} of {self._name}"
                 raise os_failed(exc, what, file=self._name) from exc
             finally:
                 for coverage, start, stop in claims:
                     coverage.pending.remove((start, stop))
-            if copied == nbytes:
+            if done == nbytes:
                 for coverage, start, stop in claims:
                     coverage.mark_done(start, stop)
                 self._next_byte = begin + nbytes
-            if self._stored is None:
-                self._stored = StoredPages(self._fd, self._layout.size)
-            return self._stored.view(offset, copied)
+            return done, offset
 
-    def _claims_of(self, begin: int, end: int) -> list[tuple[RowCoverage, int, int]]:
-        """The row intervals that data bytes [begin, end) cover, or a producer failure unless they are whole rows."""
-        claims: list[tuple[RowCoverage, int, int]] = []
-        for placement in self._layout.placements:
-            low, high = max(begin, placement.begin), min(end, placement.end)
-            if low >= high:
-                continue
-            row_bytes = max(placement.row_bytes, 1)
-            if (low - placement.begin) % row_bytes or (high - placement.begin) % row_bytes:
-                raise producer_failed(
-                    f"{self._name}: data bytes {begin}..{end} split a row of tensor {placement.spec.name}; copy "
-                    "whole rows",
-                    file=self._name,
-                    tensor=placement.spec.name,
-                )
-            coverage = self._coverage[placement.spec.name]
-            claims.append((coverage, (low - placement.begin) // row_bytes, (high - placement.begin) // row_bytes))
-        if end > (self._layout.placements[-1].end if self._layout.placements else 0) or end < begin:
-            raise producer_failed(f"{self._name}: data bytes {begin}..{end} run past its tensors", file=self._name)
-        return claims
+    def _write_data(self, data: bytes | bytearray | memoryview) -> None:
+        def transfer(offset: int) -> int:
+            _pwrite_all(self._fd, memoryview(data), offset)
+            return len(data)
+
+        self._store_data(len(data), transfer)
 
     def _mixed(self, name: str, first: str) -> BaseException:
         return producer_failed(

@@ -24,9 +24,10 @@ if TYPE_CHECKING:
 
 import collections
 import contextlib
+import functools
 import hashlib
 import os
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -334,44 +335,51 @@ class FsspecArtifactProvider:
     ) -> None:
         specs = tuple(spec_of(entry) for entry in tensors)
         relative = f"{key}/{file.name}"
+        plan = plan_ranges(file, tensors, self._chunk_bytes)
+        staging = isinstance(writer, StagingArtifactWriter)
         if isinstance(writer, StagingArtifactWriter) and self._location.local:
             opened = writer.open_tensor_file(file.name, specs, ordered=True, caller_hashes=True)
             self._copy_file(key, file, tensors, opened, lanes)
             return
-        ranges = self._stream(relative, plan_ranges(file, tensors, self._chunk_bytes), pool, lanes.buffers)
+        read = self._read_bytes if staging else functools.partial(self._read_range, buffers=lanes.buffers)
+        ranges = self._stream(relative, plan, pool, read)
         with contextlib.closing(ranges):  # no read outlives a failed write
             next(ranges)  # the first reads start now, while the writer preallocates the file
-            one_pass = False
             if isinstance(writer, StagingArtifactWriter):
-                one_pass = True
                 file_writer: TensorFileWriter = writer.open_tensor_file(
                     file.name, specs, ordered=True, caller_hashes=True
                 )
             else:
                 file_writer = writer.open_tensor_file(file.name, specs, ordered=True)
-            staging = isinstance(file_writer, StagingTensorFileWriter)
-            hashers = lanes.open_file(tensors) if one_pass or not staging else None
+            reports_digests = isinstance(file_writer, StagingTensorFileWriter) and not staging
+            hashers = None if reports_digests else lanes.open_file(tensors)
             for item in ranges:
                 assert item is not None
-                window_range, buffer = item
+                window_range, data = item
                 fault_point("remote.fetch.chunk")
+                if staging:  # the bytes as read, written and hashed with no copy of our own
+                    assert isinstance(file_writer, StagingTensorFileWriter) and hashers is not None
+                    file_writer.write_data(data)
+                    lanes.hash_stored(hashers, memoryview(data), window_range.writes)
+                    continue
+                assert isinstance(data, bytearray)
                 for write in window_range.writes:
-                    tensor = tensor_from(buffer, write)
+                    tensor = tensor_from(data, write)
                     if write.start_row is None:
                         file_writer.write_tensor(write.spec.name, tensor)
                     else:
                         file_writer.write_rows(write.spec.name, write.start_row, tensor)
                 if hashers is not None:
-                    lanes.hash_behind(hashers, buffer, window_range.writes)  # then the buffer goes back to the pool
+                    lanes.hash_behind(hashers, data, window_range.writes)  # then the buffer goes back to the pool
                 else:
-                    lanes.buffers.give(buffer)
+                    lanes.buffers.give(data)
         if hashers is None:
             file_writer.close()
             self._compare_written(key, file, tensors, file_writer)
             return
         lanes.drain()
         digests = tuple(hashers[tensor.name].hexdigest() for tensor in tensors)
-        if one_pass:
+        if staging:
             assert isinstance(file_writer, StagingTensorFileWriter)
             file_writer.close_hashed(digests)
             self._compare_written(key, file, tensors, file_writer)
@@ -420,21 +428,30 @@ class FsspecArtifactProvider:
             offset=item.start,
         )
 
+    def _read_bytes(self, relative: str, item: ReadRange) -> tuple[bytes, int]:
+        """One ranged read, kept as the backend returned it (written and hashed from it, never copied)."""
+        data = self._location.read(relative, item.start, item.end)
+        return data, len(data)
+
     def _read_range(self, relative: str, item: ReadRange, buffers: RangeBuffers) -> tuple[bytearray, int]:
         """One ranged read into a (reused) writable buffer, on a reading thread (tensors view it)."""
         buffer = buffers.take(item.end - item.start)
         return buffer, self._location.read_into(relative, item.start, item.end, buffer)
 
     def _stream(
-        self, relative: str, ranges: list[ReadRange], pool: ThreadPoolExecutor, buffers: RangeBuffers
-    ) -> Generator[tuple[ReadRange, bytearray] | None, None, None]:
+        self,
+        relative: str,
+        ranges: list[ReadRange],
+        pool: ThreadPoolExecutor,
+        read: Callable[[str, ReadRange], tuple[bytes | bytearray, int]],
+    ) -> Generator[tuple[ReadRange, bytes | bytearray] | None, None, None]:
         """Yield None once the first reads are submitted, then each range's bytes in order, keeping up to
         `max_concurrency` reads in flight."""
-        window: collections.deque[tuple[ReadRange, Future[tuple[bytearray, int]]]] = collections.deque()
+        window: collections.deque[tuple[ReadRange, Future[tuple[bytes | bytearray, int]]]] = collections.deque()
         upcoming = iter(ranges)
         try:
             for item in upcoming:
-                window.append((item, pool.submit(self._read_range, relative, item, buffers)))
+                window.append((item, pool.submit(read, relative, item)))
                 if len(window) >= self._concurrency:
                     break
             yield None
@@ -445,8 +462,7 @@ class FsspecArtifactProvider:
                     raise self._short_read(relative, item, count)
                 following = next(upcoming, None)
                 if following is not None:
-                    read = pool.submit(self._read_range, relative, following, buffers)
-                    window.append((following, read))
+                    window.append((following, pool.submit(read, relative, following)))
                 yield item, data
         finally:
             for _, future in window:
