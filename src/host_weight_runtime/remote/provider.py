@@ -256,8 +256,11 @@ class FsspecArtifactProvider:
                 buffers=RangeBuffers(self._chunk_bytes, keep=2 * self._concurrency + 2),
             ) as lanes,
         ):
+            finish: Callable[[], None] | None = None
             for file in manifest.files:
-                self._fetch_file(key, file, by_file[file.name], writer, pool=pool, lanes=lanes)
+                finish = self._fetch_file(key, file, by_file[file.name], writer, pool=pool, lanes=lanes, before=finish)
+            if finish is not None:
+                finish()
         return ProductionMetadata(
             producer_schema=manifest.producer_schema,
             restorer_schema=manifest.restorer_schema,
@@ -332,15 +335,21 @@ class FsspecArtifactProvider:
         *,
         pool: ThreadPoolExecutor,
         lanes: HashLanes,
-    ) -> None:
+        before: Callable[[], None] | None,
+    ) -> Callable[[], None] | None:
+        """Import one payload file; a local copy returns its finish (wait for the last hash, close, compare),
+        which the caller runs after the next file was opened, so that file's preallocation overlaps the hash."""
         specs = tuple(spec_of(entry) for entry in tensors)
         relative = f"{key}/{file.name}"
         plan = plan_ranges(file, tensors, self._chunk_bytes)
         staging = isinstance(writer, StagingArtifactWriter)
         if isinstance(writer, StagingArtifactWriter) and self._location.local:
             opened = writer.open_tensor_file(file.name, specs, ordered=True, caller_hashes=True)
-            self._copy_file(key, file, tensors, opened, lanes)
-            return
+            if before is not None:
+                before()
+            return self._copy_file(key, file, tensors, opened, lanes)
+        if before is not None:
+            before()
         read = self._read_bytes if staging else functools.partial(self._read_range, buffers=lanes.buffers)
         ranges = self._stream(relative, plan, pool, read)
         with contextlib.closing(ranges):  # no read outlives a failed write
@@ -376,7 +385,7 @@ class FsspecArtifactProvider:
         if hashers is None:
             file_writer.close()
             self._compare_written(key, file, tensors, file_writer)
-            return
+            return None
         lanes.drain()
         digests = tuple(hashers[tensor.name].hexdigest() for tensor in tensors)
         if staging:
@@ -386,6 +395,7 @@ class FsspecArtifactProvider:
         else:
             file_writer.close()
             self._compare_hashed(key, file, tensors, digests)
+        return None
 
     def _copy_file(
         self,
@@ -394,9 +404,10 @@ class FsspecArtifactProvider:
         tensors: tuple[TensorManifestEntry, ...],
         file_writer: TensorFileWriter,
         lanes: HashLanes,
-    ) -> None:
+    ) -> Callable[[], None]:
         """A local source: each range copied by the kernel into the staged file, then hashed from the stored
-        pages on the lane while the next range copies (what is hashed is exactly what was stored)."""
+        pages on the lane while the next range copies (what is hashed is exactly what was stored).
+        Returns the file's finish: wait for its last hash, close it with the digests, compare them."""
         assert isinstance(file_writer, StagingTensorFileWriter)
         relative = f"{key}/{file.name}"
         hashers = lanes.open_file(tensors)
@@ -413,9 +424,13 @@ class FsspecArtifactProvider:
                 view.release()
                 raise self._short_read(relative, item, len(view))
             lanes.hash_stored(hashers, view, item.writes)
-        lanes.drain()
-        file_writer.close_hashed(tuple(hashers[tensor.name].hexdigest() for tensor in tensors))
-        self._compare_written(key, file, tensors, file_writer)
+
+        def finish() -> None:
+            lanes.drain()
+            file_writer.close_hashed(tuple(hashers[tensor.name].hexdigest() for tensor in tensors))
+            self._compare_written(key, file, tensors, file_writer)
+
+        return finish
 
     def _short_read(self, relative: str, item: ReadRange, count: int) -> HostWeightError:
         return remote_failed(
