@@ -4,15 +4,17 @@
 that the identity it names is exactly the one asked for and that every object it
 promises is present with its exact size. `fetch` reads manifest.json (its SHA-256 must
 be the descriptor's), declares each payload file to the writer with the remote layout,
-and streams the tensor bytes in bounded ranges, several in flight, into the writer in
-order: one pass, each range read once into a buffer, written from it, and hashed from
-that same buffer on a hash lane behind the writes (the staged file is never read back).
+and streams the tensor bytes in bounded ranges into the writer in order, one pass with
+no second copy: from an object store several ranges are in flight, each written from the
+bytes the backend returned and hashed from them on a hash lane behind the writes; from a
+local folder (file://) each range is copied by the kernel into the staged file and hashed
+from the staged file's own pages while the next range copies.
 Before `fetch` returns, each tensor digest and each file digest must equal the remote
 manifest's, so a wrong byte fails the build and nothing is ever published from it.
 
-Memory: at most `max_concurrency` ranges of about `chunk_bytes` are being read, as many
-wait for hashing, and up to twice that many emptied buffers are kept for reuse during a
-fetch (a single row longer than `chunk_bytes` is read whole, in a buffer of its own).
+Memory: at most `max_concurrency` ranges of about `chunk_bytes` are being read and as many
+wait for hashing (a writer other than the store's also keeps up to twice that many emptied
+buffers for reuse; a single row longer than `chunk_bytes` is read whole).
 """
 
 from __future__ import annotations
