@@ -6,6 +6,7 @@ Also the check that turns one `write_tensor` / `write_rows` call into the row in
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ._safetensors_layout import Placement
@@ -14,7 +15,7 @@ from ._write_failures import producer_failed
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["RowCoverage", "rows_of_write"]
+__all__ = ["RowCoverage", "claims_of", "rows_of_write"]
 
 
 class RowCoverage:
@@ -121,3 +122,26 @@ def rows_of_write(
             stop_row=stop,
         )
     return (start_row, stop)
+
+
+def claims_of(
+    file_name: str, coverage: Mapping[str, RowCoverage], placements: Sequence[Placement], begin: int, end: int
+) -> list[tuple[RowCoverage, int, int]]:
+    """The row intervals that data bytes [begin, end) cover, or a producer failure unless they are whole rows."""
+    if not placements or end < begin or end > placements[-1].end:
+        raise producer_failed(f"{file_name}: data bytes {begin}..{end} run past its tensors", file=file_name)
+    claims: list[tuple[RowCoverage, int, int]] = []
+    for placement in placements:
+        low, high = max(begin, placement.begin), min(end, placement.end)
+        if low >= high:
+            continue
+        row_bytes = max(placement.row_bytes, 1)
+        if (low - placement.begin) % row_bytes or (high - placement.begin) % row_bytes:
+            raise producer_failed(
+                f"{file_name}: data bytes {begin}..{end} split a row of tensor {placement.spec.name}; copy whole rows",
+                file=file_name,
+                tensor=placement.spec.name,
+            )
+        first, stop = (low - placement.begin) // row_bytes, (high - placement.begin) // row_bytes
+        claims.append((coverage[placement.spec.name], first, stop))
+    return claims

@@ -3,7 +3,8 @@
 A file is accepted at close only when every byte of every declared tensor was written exactly once.
 Rows arrive by `pwrite` (`write_tensor`, `write_rows`), or are converted by the writer itself
 (`copy_rows`: one pass, each chunk converted into a reused buffer, hashed from it behind the write, never
-read back from the file).
+read back from the file), or are copied by the kernel from another file (`copy_data`, for a caller that hashes
+the stored pages itself).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from .._faults import fault_point
 from ..manifest import FileManifestEntry, TensorManifestEntry
 from ..protocols import TensorWriteSpec
 from ..tensors import contiguous_strides
-from ._coverage import RowCoverage, rows_of_write
+from ._coverage import RowCoverage, claims_of, rows_of_write
+from ._kernel_copy import StoredPages, kernel_copy
 from ._payload_hashing import PayloadHasher
 from ._safetensors_layout import FileLayout, tensor_bytes
 from ._write_failures import os_failed, producer_failed
@@ -83,7 +85,7 @@ class WrittenFile:
         )
 
 
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     """Write all of `data` at `offset`; a pwrite that makes no progress is an I/O error."""
     done = 0
     total = len(data)
@@ -154,6 +156,7 @@ class StagingTensorFileWriter:
         "_ordered",
         "_owner",
         "_result",
+        "_stored",
     )
 
     def __init__(
@@ -177,6 +180,7 @@ class StagingTensorFileWriter:
         self._result: WrittenFile | None = None
         self._next_byte = 0  # ordered files: the data offset the next write must start at
         self._cast: _CastBuffers | None = None  # made by the first copy_rows
+        self._stored: StoredPages | None = None  # made by the first copy_data
         self._coverage: dict[str, RowCoverage] = {
             placement.spec.name: RowCoverage(placement) for placement in layout.placements
         }
@@ -232,6 +236,21 @@ class StagingTensorFileWriter:
         Every row of a tensor comes either from `copy_rows` or from `write_rows`, not both.
         """
         self._owner._guarded(lambda: self._copy(name, start_row, rows))
+
+    def copy_data(self, source_fd: int, source_offset: int, nbytes: int) -> memoryview:
+        """Copy the next `nbytes` of the data section from `source_fd` at `source_offset`, in the kernel.
+
+        For an ordered file opened with `caller_hashes`: the range starts where the previous write
+        ended and ends on a row boundary. Returns a read-only view of the stored bytes (the file's
+        own pages) for the caller to hash and then release; a view shorter than `nbytes` means the
+        source ended early, and then none of the range counts as written.
+        """
+        return self._owner._guarded(lambda: self._copy_data(source_fd, source_offset, nbytes))
+
+    def write_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Write `data` as the next bytes of the data section (ordered, caller-hashed files; whole rows), with no
+        tensor in between: for a caller that holds the bytes of a laid-out file, such as a ranged remote read."""
+        self._owner._guarded(lambda: self._write_data(data))
 
     def close(self) -> None:
         """Check coverage, fsync, hash and release the file; later calls do nothing."""
@@ -349,6 +368,53 @@ class StagingTensorFileWriter:
                 cast.hashed_by(index, self._hasher.lane.feed(name, data, 0, len(data)))
             except OSError as exc:  # an earlier piece of this file failed to hash
                 raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
+
+    def _copy_data(self, source_fd: int, source_offset: int, nbytes: int) -> memoryview:
+        def transfer(offset: int) -> int:
+            return kernel_copy(source_fd, source_offset, self._fd, offset, nbytes)
+
+        copied, offset = self._store_data(nbytes, transfer)
+        if self._stored is None:
+            self._stored = StoredPages(self._fd, self._layout.size)
+        return self._stored.view(offset, copied)
+
+    def _store_data(self, nbytes: int, transfer: Callable[[int], int]) -> tuple[int, int]:
+        """Claim the next `nbytes` of the data section, `transfer` them to their file offset, mark them written
+        when all came; returns how many came and the file offset."""
+        if not (self._ordered and self._caller_hashes):
+            raise producer_failed(
+                f"{self._name}: copy_data and write_data need a file opened ordered with caller_hashes",
+                file=self._name,
+            )
+        if self._closed:
+            raise producer_failed(f"{self._name} is closed; no more writes are accepted", file=self._name)
+        self._owner._check_open()
+        with self._lock:
+            begin = self._next_byte
+            claims = claims_of(self._name, self._coverage, self._layout.placements, begin, begin + nbytes)
+            for coverage, start, stop in claims:
+                self._claim(coverage, start, stop, ordered_begin=None)
+            offset = len(self._layout.header) + begin
+            try:
+                done = transfer(offset)
+            except OSError as exc:
+                what = f"storing data bytes {begin}..{begin + nbytes} of {self._name}"
+                raise os_failed(exc, what, file=self._name) from exc
+            finally:
+                for coverage, start, stop in claims:
+                    coverage.pending.remove((start, stop))
+            if done == nbytes:
+                for coverage, start, stop in claims:
+                    coverage.mark_done(start, stop)
+                self._next_byte = begin + nbytes
+            return done, offset
+
+    def _write_data(self, data: bytes | bytearray | memoryview) -> None:
+        def transfer(offset: int) -> int:
+            _pwrite_all(self._fd, memoryview(data), offset)
+            return len(data)
+
+        self._store_data(len(data), transfer)
 
     def _mixed(self, name: str, first: str) -> BaseException:
         return producer_failed(
@@ -479,6 +545,9 @@ class StagingTensorFileWriter:
         )
 
     def _release_fd(self) -> None:
+        if self._stored is not None:
+            self._stored.close()
+            self._stored = None
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             with contextlib.suppress(OSError):

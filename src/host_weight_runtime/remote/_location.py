@@ -179,6 +179,11 @@ class RemoteLocation:
         return self._timeout_s
 
     @property
+    def local(self) -> bool:
+        """True for a folder on a local filesystem (file://), whose objects can be copied by the kernel."""
+        return self._local
+
+    @property
     def listable(self) -> bool:
         """Whether the backend can list a prefix (object stores and files can; plain HTTP cannot)."""
         return not self._read_only
@@ -397,6 +402,15 @@ class RemoteLocation:
         except OSError as exc:
             self._raise_typed(exc, "reading", relative)
         return done
+
+    def open_local(self, relative: str) -> int | None:
+        """A read-only descriptor of a local object (for in-kernel copies), None on other backends."""
+        if not self._local:
+            return None
+        try:
+            return os.open(self.path(relative), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            self._raise_typed(exc, "reading", relative)
 
     def require_writable(self, relative: str) -> None:
         """Raise UNSUPPORTED on a read-only (http/https) remote."""

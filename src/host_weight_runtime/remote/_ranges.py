@@ -1,5 +1,6 @@
 """The read plan and buffers of a one-pass remote import: byte ranges of a payload file, the tensors each
-range carries, reused range buffers, and the hash lanes that hash each range from its buffer behind the writes.
+range carries, reused range buffers, and the hash lanes that hash each range behind the writes: from its buffer,
+or (a local source copied by the kernel) from the stored file's own pages.
 """
 
 from __future__ import annotations
@@ -149,6 +150,12 @@ class HashLanes:
             self._queued.popleft().result()
         self._queued.append(self._lane.submit(self._hash, hashers, buffer, writes))
 
+    def hash_stored(self, hashers: dict[str, TreeHasher], view: memoryview, writes: tuple[RangeWrite, ...]) -> None:
+        """Hash a range from the stored file's pages (a view the lane releases), behind the next copy."""
+        while len(self._queued) >= self._pending:
+            self._queued.popleft().result()
+        self._queued.append(self._lane.submit(self._hash_view, hashers, view, writes))
+
     def drain(self) -> None:
         while self._queued:
             self._queued.popleft().result()
@@ -158,6 +165,12 @@ class HashLanes:
             for write in writes:
                 hashers[write.spec.name].update(whole[write.offset : write.offset + write.nbytes], self._leaves)
         self.buffers.give(buffer)
+
+    def _hash_view(self, hashers: dict[str, TreeHasher], view: memoryview, writes: tuple[RangeWrite, ...]) -> None:
+        with view:
+            for write in writes:
+                with view[write.offset : write.offset + write.nbytes] as piece:
+                    hashers[write.spec.name].update(piece, self._leaves)
 
 
 class RangeBuffers:

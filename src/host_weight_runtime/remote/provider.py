@@ -4,15 +4,17 @@
 that the identity it names is exactly the one asked for and that every object it
 promises is present with its exact size. `fetch` reads manifest.json (its SHA-256 must
 be the descriptor's), declares each payload file to the writer with the remote layout,
-and streams the tensor bytes in bounded ranges, several in flight, into the writer in
-order: one pass, each range read once into a buffer, written from it, and hashed from
-that same buffer on a hash lane behind the writes (the staged file is never read back).
+and streams the tensor bytes in bounded ranges into the writer in order, one pass with
+no second copy: from an object store several ranges are in flight, each written from the
+bytes the backend returned and hashed from them on a hash lane behind the writes; from a
+local folder (file://) each range is copied by the kernel into the staged file and hashed
+from the staged file's own pages while the next range copies.
 Before `fetch` returns, each tensor digest and each file digest must equal the remote
 manifest's, so a wrong byte fails the build and nothing is ever published from it.
 
-Memory: at most `max_concurrency` ranges of about `chunk_bytes` are being read, as many
-wait for hashing, and up to twice that many emptied buffers are kept for reuse during a
-fetch (a single row longer than `chunk_bytes` is read whole, in a buffer of its own).
+Memory: at most `max_concurrency` ranges of about `chunk_bytes` are being read and as many
+wait for hashing (a writer other than the store's also keeps up to twice that many emptied
+buffers for reuse; a single row longer than `chunk_bytes` is read whole).
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ if TYPE_CHECKING:
 
 import collections
 import contextlib
+import functools
 import hashlib
-from collections.abc import Generator, Mapping
+import os
+from collections.abc import Callable, Generator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -254,8 +258,11 @@ class FsspecArtifactProvider:
                 buffers=RangeBuffers(self._chunk_bytes, keep=2 * self._concurrency + 2),
             ) as lanes,
         ):
+            finish: Callable[[], None] | None = None
             for file in manifest.files:
-                self._fetch_file(key, file, by_file[file.name], writer, pool=pool, lanes=lanes)
+                finish = self._fetch_file(key, file, by_file[file.name], writer, pool=pool, lanes=lanes, before=finish)
+            if finish is not None:
+                finish()
         return ProductionMetadata(
             producer_schema=manifest.producer_schema,
             restorer_schema=manifest.restorer_schema,
@@ -330,49 +337,118 @@ class FsspecArtifactProvider:
         *,
         pool: ThreadPoolExecutor,
         lanes: HashLanes,
-    ) -> None:
+        before: Callable[[], None] | None,
+    ) -> Callable[[], None] | None:
+        """Import one payload file; a local copy returns its finish (wait for the last hash, close, compare),
+        which the caller runs after the next file was opened, so that file's preallocation overlaps the hash."""
         specs = tuple(spec_of(entry) for entry in tensors)
         relative = f"{key}/{file.name}"
-        ranges = self._stream(relative, plan_ranges(file, tensors, self._chunk_bytes), pool, lanes.buffers)
+        plan = plan_ranges(file, tensors, self._chunk_bytes)
+        staging = isinstance(writer, StagingArtifactWriter)
+        if isinstance(writer, StagingArtifactWriter) and self._location.local:
+            opened = writer.open_tensor_file(file.name, specs, ordered=True, caller_hashes=True)
+            if before is not None:
+                before()
+            return self._copy_file(key, file, tensors, opened, lanes)
+        if before is not None:
+            before()
+        read = self._read_bytes if staging else functools.partial(self._read_range, buffers=lanes.buffers)
+        ranges = self._stream(relative, plan, pool, read)
         with contextlib.closing(ranges):  # no read outlives a failed write
             next(ranges)  # the first reads start now, while the writer preallocates the file
-            one_pass = False
             if isinstance(writer, StagingArtifactWriter):
-                one_pass = True
                 file_writer: TensorFileWriter = writer.open_tensor_file(
                     file.name, specs, ordered=True, caller_hashes=True
                 )
             else:
                 file_writer = writer.open_tensor_file(file.name, specs, ordered=True)
-            staging = isinstance(file_writer, StagingTensorFileWriter)
-            hashers = lanes.open_file(tensors) if one_pass or not staging else None
+            reports_digests = isinstance(file_writer, StagingTensorFileWriter) and not staging
+            hashers = None if reports_digests else lanes.open_file(tensors)
             for item in ranges:
                 assert item is not None
-                window_range, buffer = item
+                window_range, data = item
                 fault_point("remote.fetch.chunk")
+                if staging:  # the bytes as read, written and hashed with no copy of our own
+                    assert isinstance(file_writer, StagingTensorFileWriter) and hashers is not None
+                    file_writer.write_data(data)
+                    lanes.hash_stored(hashers, memoryview(data), window_range.writes)
+                    continue
+                assert isinstance(data, bytearray)
                 for write in window_range.writes:
-                    tensor = tensor_from(buffer, write)
+                    tensor = tensor_from(data, write)
                     if write.start_row is None:
                         file_writer.write_tensor(write.spec.name, tensor)
                     else:
                         file_writer.write_rows(write.spec.name, write.start_row, tensor)
                 if hashers is not None:
-                    lanes.hash_behind(hashers, buffer, window_range.writes)  # then the buffer goes back to the pool
+                    lanes.hash_behind(hashers, data, window_range.writes)  # then the buffer goes back to the pool
                 else:
-                    lanes.buffers.give(buffer)
+                    lanes.buffers.give(data)
         if hashers is None:
             file_writer.close()
             self._compare_written(key, file, tensors, file_writer)
-            return
+            return None
         lanes.drain()
         digests = tuple(hashers[tensor.name].hexdigest() for tensor in tensors)
-        if one_pass:
+        if staging:
             assert isinstance(file_writer, StagingTensorFileWriter)
             file_writer.close_hashed(digests)
             self._compare_written(key, file, tensors, file_writer)
         else:
             file_writer.close()
             self._compare_hashed(key, file, tensors, digests)
+        return None
+
+    def _copy_file(
+        self,
+        key: str,
+        file: FileManifestEntry,
+        tensors: tuple[TensorManifestEntry, ...],
+        file_writer: TensorFileWriter,
+        lanes: HashLanes,
+    ) -> Callable[[], None]:
+        """A local source: each range copied by the kernel into the staged file, then hashed from the stored
+        pages on the lane while the next range copies (what is hashed is exactly what was stored).
+        Returns the file's finish: wait for its last hash, close it with the digests, compare them."""
+        assert isinstance(file_writer, StagingTensorFileWriter)
+        relative = f"{key}/{file.name}"
+        hashers = lanes.open_file(tensors)
+        for item in plan_ranges(file, tensors, self._chunk_bytes):
+            fault_point("remote.fetch.chunk")
+            wanted = item.end - item.start
+            source_fd = self._location.open_local(relative)  # per range, as a ranged read sees the object now
+            assert source_fd is not None
+            try:
+                view = file_writer.copy_data(source_fd, item.start, wanted)
+            finally:
+                os.close(source_fd)
+            if len(view) != wanted:
+                view.release()
+                raise self._short_read(relative, item, len(view))
+            lanes.hash_stored(hashers, view, item.writes)
+
+        def finish() -> None:
+            lanes.drain()
+            file_writer.close_hashed(tuple(hashers[tensor.name].hexdigest() for tensor in tensors))
+            self._compare_written(key, file, tensors, file_writer)
+
+        return finish
+
+    def _short_read(self, relative: str, item: ReadRange, count: int) -> HostWeightError:
+        return remote_failed(
+            f"{relative} at {self._provider_id} returned {count} bytes for a read of "
+            f"{item.end - item.start} at offset {item.start}: the object is truncated or the server "
+            "ignores ranges",
+            retryable=False,
+            provider_id=self._provider_id,
+            object=relative,
+            offset=item.start,
+        )
+
+    def _read_bytes(self, relative: str, item: ReadRange) -> tuple[bytes, int]:
+        """One ranged read, kept as the backend returned it (written and hashed from it, never copied)."""
+        data = self._location.read(relative, item.start, item.end)
+        return data, len(data)
 
     def _read_range(self, relative: str, item: ReadRange, buffers: RangeBuffers) -> tuple[bytearray, int]:
         """One ranged read into a (reused) writable buffer, on a reading thread (tensors view it)."""
@@ -380,15 +456,19 @@ class FsspecArtifactProvider:
         return buffer, self._location.read_into(relative, item.start, item.end, buffer)
 
     def _stream(
-        self, relative: str, ranges: list[ReadRange], pool: ThreadPoolExecutor, buffers: RangeBuffers
-    ) -> Generator[tuple[ReadRange, bytearray] | None, None, None]:
+        self,
+        relative: str,
+        ranges: list[ReadRange],
+        pool: ThreadPoolExecutor,
+        read: Callable[[str, ReadRange], tuple[bytes | bytearray, int]],
+    ) -> Generator[tuple[ReadRange, bytes | bytearray] | None, None, None]:
         """Yield None once the first reads are submitted, then each range's bytes in order, keeping up to
         `max_concurrency` reads in flight."""
-        window: collections.deque[tuple[ReadRange, Future[tuple[bytearray, int]]]] = collections.deque()
+        window: collections.deque[tuple[ReadRange, Future[tuple[bytes | bytearray, int]]]] = collections.deque()
         upcoming = iter(ranges)
         try:
             for item in upcoming:
-                window.append((item, pool.submit(self._read_range, relative, item, buffers)))
+                window.append((item, pool.submit(read, relative, item)))
                 if len(window) >= self._concurrency:
                     break
             yield None
@@ -396,19 +476,10 @@ class FsspecArtifactProvider:
                 item, future = window.popleft()
                 data, count = future.result()
                 if count != item.end - item.start:
-                    raise remote_failed(
-                        f"{relative} at {self._provider_id} returned {count} bytes for a read of "
-                        f"{item.end - item.start} at offset {item.start}: the object is truncated or the server "
-                        "ignores ranges",
-                        retryable=False,
-                        provider_id=self._provider_id,
-                        object=relative,
-                        offset=item.start,
-                    )
+                    raise self._short_read(relative, item, count)
                 following = next(upcoming, None)
                 if following is not None:
-                    read = pool.submit(self._read_range, relative, following, buffers)
-                    window.append((following, read))
+                    window.append((following, pool.submit(read, relative, following)))
                 yield item, data
         finally:
             for _, future in window:
