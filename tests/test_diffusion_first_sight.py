@@ -1,8 +1,7 @@
 """A local folder seen for the first time on a node: its files are hashed on threads while the load runs.
 
 The content key stays exact (the SHA-256 of every file, as a hub snapshot names its blobs), a hit that
-is found once the hashing is done is still served, REQUIRED never loads canonically, and a background
-publication starts before the canonical load it overlaps (D03, D14).
+is found once the hashing is done is still served, and REQUIRED never loads canonically (D03, D14).
 """
 
 from __future__ import annotations
@@ -148,25 +147,3 @@ def test_required_mode_hashes_during_the_skeleton_but_never_loads_canonically(
         assert loaded.outcome is ResolutionOutcome.LOCAL_PRODUCTION
         assert loaded.load_path is ComponentLoadPath.ARTIFACT
         assert torch.equal(_forward(loaded.model), canonical_output)
-
-
-def test_the_background_publication_starts_before_the_canonical_load(
-    tmp_path: Path, pipeline: Path, canonical_output: torch.Tensor
-) -> None:
-    """D14: with `publish_in_background=True` on first sight, the canonical load cannot begin before the
-    background thread hashed its first file (the seams meet across threads); the artifact it builds is
-    then hit bit-identically."""
-    root = tmp_path / "domain"
-    meeting = _Meeting()
-    with (
-        armed("source_digest_cache.before_hash", Fault(FaultAction.PAUSE, hook=meeting.arriver())),
-        armed("canonical_step.before_load", Fault(FaultAction.PAUSE, hook=meeting.waiter())),
-        load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root), publish_in_background=True) as first,
-    ):
-        assert meeting.met == [True]
-        assert first.background_publication is not None
-        assert first.background_publication.wait(WAIT_S) and first.background_publication.failure is None
-        assert torch.equal(_forward(first.model), canonical_output)
-    with load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root)) as second:
-        assert second.outcome is ResolutionOutcome.LOCAL_HIT
-        assert torch.equal(_forward(second.model), canonical_output)

@@ -284,12 +284,12 @@ def _first_on_node(source: PreparedWeightSource, runtime: HostWeightRuntime) -> 
 
 
 def _canonical_then_hash_in_background(call: _ComponentCall, skeleton: ComponentSkeleton) -> LoadedComponent:
-    """The canonical model now; hashing and the build move to the background publication, started first.
+    """The canonical model now; hashing and the build move to the background publication, started after it.
 
-    The publication thread runs at a lower priority, so it takes the core the canonical load leaves free.
+    Started before the load, the thread slowed the load and published no sooner on a shared 2-core VM.
     """
-    publication = start_background_publication(skeleton, call.runtime)
     model = load_canonical_for(skeleton, fp8=call.fp8)
+    publication = start_background_publication(skeleton, call.runtime)
     skipped = ResolutionAttempt(
         ResolutionStage.LOOKUP, AttemptResult.SKIPPED, AttemptAction.FALL_BACK, 0.0, None, _SKIPPED_LOOKUP
     )
@@ -349,11 +349,10 @@ def _serve(
     if identified.skeleton.source.recorded is not None:
         raise _named_load_failed(identified, resolution.report, restore_failure)
     publish = restore_failure is None and resolution.outcome is ResolutionOutcome.CANONICAL_FALLBACK
+    model = early if early is not None else load_canonical_for(identified.skeleton, fp8=call.fp8)
     in_background: BackgroundPublication | None = None
     if publish and background and identified.skeleton.source.use_safetensors:
-        # Started before the canonical load: at its lower priority it streams on the core the load leaves free.
         in_background = start_background_publication(identified, call.runtime)
-    model = early if early is not None else load_canonical_for(identified.skeleton, fp8=call.fp8)
     publication = None
     if publish and in_background is None:
         publication = publish_after_canonical_load(
