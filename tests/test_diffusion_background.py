@@ -19,8 +19,9 @@ from host_weight_runtime.diffusion.background import BACKGROUND_NICE_INCREMENT
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import AttemptResult, ResolutionOutcome
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward, save_pipeline_folder, tiny_spec
+from host_weight_runtime.tools.synthetic_models import save_pipeline_folder
 
+from ._tiny_flux import canonical_flux, flux_forward, isolate_environment
 from .support import recv_within, spawned_child
 
 KIND = "flux"
@@ -30,10 +31,7 @@ WAIT_S = 120.0
 
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in ("HWR_MODE", "HWR_ROOT", "HWR_ALLOW_LOCAL_BUILD", "HWR_ALLOW_POST_LOAD_PUBLISH"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    isolate_environment(monkeypatch, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +41,7 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def canonical_output(pipeline: Path) -> torch.Tensor:
-    model = tiny_spec(KIND).model_class().from_pretrained(str(pipeline / SUBFOLDER), torch_dtype=torch.bfloat16)
-    return _forward(model)
-
-
-def _forward(model: torch.nn.Module) -> torch.Tensor:
-    return run_forward(KIND, model, forward_inputs(KIND, model))
+    return flux_forward(canonical_flux(pipeline))
 
 
 def _runtime(root: Path, mode: RuntimeMode = RuntimeMode.PREFERRED) -> HostWeightRuntime:
@@ -66,7 +59,7 @@ def _finished(background: BackgroundPublication | None) -> BackgroundPublication
 def _load_in_child(root: str, pipeline: str, conn: Connection) -> None:
     """A fresh worker: how did it load, and what does the model compute?"""
     with load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(Path(root))) as loaded:
-        output = _forward(loaded.model)
+        output = flux_forward(loaded.model)
         conn.send(
             {
                 "outcome": None if loaded.outcome is None else loaded.outcome.value,
@@ -92,7 +85,7 @@ def test_on_a_node_that_never_hashed_the_checkpoint_the_first_load_is_canonical_
         assert first.outcome is ResolutionOutcome.CANONICAL_FALLBACK and first.resolution.identity_key == ""
         assert [attempt.result for attempt in first.resolution.attempts] == [AttemptResult.SKIPPED]
         assert first.publication is None and first.identity_key is None
-        assert torch.equal(_forward(first.model), canonical_output)
+        assert torch.equal(flux_forward(first.model), canonical_output)
         background = _finished(first.background_publication)
         assert background.result is not None
         assert background.result.resolution.outcome is ResolutionOutcome.LOCAL_PRODUCTION
@@ -123,7 +116,7 @@ def test_with_the_checkpoint_hashed_a_miss_looks_up_first_then_publishes_behind(
         _finished(second.background_publication)
     with load_component(pipeline, subfolder=SUBFOLDER, runtime=runtime) as third:
         assert third.outcome is ResolutionOutcome.LOCAL_HIT
-        assert torch.equal(_forward(third.model), canonical_output)
+        assert torch.equal(flux_forward(third.model), canonical_output)
 
 
 def test_changing_the_served_model_cannot_reach_the_artifact(
@@ -139,7 +132,7 @@ def test_changing_the_served_model_cannot_reach_the_artifact(
         _finished(first.background_publication)
     with load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root)) as later:
         assert later.outcome is ResolutionOutcome.LOCAL_HIT
-        assert torch.equal(_forward(later.model), canonical_output)
+        assert torch.equal(flux_forward(later.model), canonical_output)
 
 
 def test_in_required_mode_the_miss_streams_first_and_nothing_runs_behind(tmp_path: Path, pipeline: Path) -> None:

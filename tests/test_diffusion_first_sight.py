@@ -20,12 +20,11 @@ from host_weight_runtime.diffusion import ComponentLoadPath, load_component, pre
 from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
 from host_weight_runtime.runtime import HostWeightRuntime
 from host_weight_runtime.tools.synthetic_models import (
-    forward_inputs,
-    run_forward,
     save_hub_snapshot,
     save_pipeline_folder,
-    tiny_spec,
 )
+
+from ._tiny_flux import canonical_flux, flux_forward, isolate_environment
 
 KIND = "flux"
 SUBFOLDER = "transformer"
@@ -36,10 +35,7 @@ WAIT_S = 120.0
 
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in ("HWR_MODE", "HWR_ROOT", "HWR_ALLOW_LOCAL_BUILD", "HWR_ALLOW_POST_LOAD_PUBLISH", "HWR_REMOTE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    isolate_environment(monkeypatch, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +45,7 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def canonical_output(pipeline: Path) -> torch.Tensor:
-    model = tiny_spec(KIND).model_class().from_pretrained(str(pipeline / SUBFOLDER), torch_dtype=torch.bfloat16)
-    return _forward(model)
-
-
-def _forward(model: torch.nn.Module) -> torch.Tensor:
-    return run_forward(KIND, model, forward_inputs(KIND, model))
+    return flux_forward(canonical_flux(pipeline))
 
 
 def _runtime(root: Path, mode: RuntimeMode = RuntimeMode.PREFERRED) -> HostWeightRuntime:
@@ -96,7 +87,7 @@ def test_the_canonical_load_runs_while_the_files_hash_and_the_key_is_exact(
         assert first.outcome is ResolutionOutcome.CANONICAL_FALLBACK
         assert first.load_path is ComponentLoadPath.CANONICAL
         assert first.publication is not None and first.publication.status is PostLoadPublicationStatus.PUBLISHED
-        assert torch.equal(_forward(first.model), canonical_output)
+        assert torch.equal(flux_forward(first.model), canonical_output)
         key = first.identity_key
     assert key is not None and _artifact_keys(root) == [key]
 
@@ -107,7 +98,7 @@ def test_the_canonical_load_runs_while_the_files_hash_and_the_key_is_exact(
         assert by_blob_names.identity_key == key  # nothing hashed there: the blob names are the content ids
     with load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root)) as second:
         assert second.outcome is ResolutionOutcome.LOCAL_HIT and second.identity_key == key
-        assert torch.equal(_forward(second.model), canonical_output)
+        assert torch.equal(flux_forward(second.model), canonical_output)
 
 
 def test_a_hit_found_after_the_hashing_is_served_and_nothing_is_published_again(
@@ -128,7 +119,7 @@ def test_a_hit_found_after_the_hashing_is_served_and_nothing_is_published_again(
         assert loaded.outcome is ResolutionOutcome.LOCAL_HIT
         assert loaded.load_path is ComponentLoadPath.ARTIFACT
         assert loaded.publication is None and loaded.identity_key == built.identity_key
-        assert torch.equal(_forward(loaded.model), canonical_output)
+        assert torch.equal(flux_forward(loaded.model), canonical_output)
     assert _artifact_keys(root) == [built.identity_key]
 
 
@@ -146,4 +137,4 @@ def test_required_mode_hashes_during_the_skeleton_but_never_loads_canonically(
         assert canonical_loads == []
         assert loaded.outcome is ResolutionOutcome.LOCAL_PRODUCTION
         assert loaded.load_path is ComponentLoadPath.ARTIFACT
-        assert torch.equal(_forward(loaded.model), canonical_output)
+        assert torch.equal(flux_forward(loaded.model), canonical_output)
