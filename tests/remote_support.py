@@ -191,6 +191,16 @@ class Node:
         result.lease.close()
         return identity
 
+    def assert_holds(self, identity: WeightArtifactIdentity, tensors: dict[str, torch.Tensor]) -> None:
+        """A FULL_CHECKSUM lookup hits and every tensor equals `tensors` bit for bit."""
+        hit = self.store.lookup(identity, validation=FULL)
+        assert hit.lease is not None, hit.failure
+        try:
+            for name, tensor in tensors.items():
+                assert_bitwise_equal(hit.lease.tensors[name], tensor)
+        finally:
+            hit.lease.close()
+
     def visible(self) -> list[str]:
         return sorted(os.listdir(self.store.layout.artifacts))
 

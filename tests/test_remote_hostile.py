@@ -29,13 +29,11 @@ from host_weight_runtime._faults import Fault, FaultAction, armed
 from host_weight_runtime.remote import FsspecArtifactProvider, import_remote_artifact, push_artifact
 
 from .remote_support import (
-    FULL,
     META,
     WAIT_S,
     MotoEndpoint,
     Node,
     Remote,
-    assert_bitwise_equal,
     make_remote,
     moto_endpoint,
     soon,
@@ -92,11 +90,7 @@ def test_an_object_that_grows_during_the_read(remote: Remote, tmp_path: Path, ch
     if change == "grows_by_appending":
         assert result is not None and result.status is StoreStatus.BUILT and result.lease is not None, result
         result.lease.close()
-        hit = node_b.store.lookup(identity, validation=FULL)
-        assert hit.lease is not None
-        for name, tensor in tensors.items():
-            assert_bitwise_equal(hit.lease.tensors[name], tensor)
-        hit.lease.close()
+        node_b.assert_holds(identity, tensors)
         return
     assert result is not None and result.status is StoreStatus.FAILED and result.lease is None
     assert result.failure.code is FailureCode.REMOTE_FAILED and result.failure.retryable is False

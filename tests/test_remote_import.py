@@ -186,11 +186,7 @@ def test_every_dtype_round_trips_through_ranges_split_inside_tensors(s3: Remote,
     imported = import_into(node_b, s3.provider(chunk_bytes=4096, max_concurrency=3))
     assert imported is not None and imported.status is StoreStatus.BUILT, imported.failure
     imported.lease.close()
-    hit = node_b.store.lookup(identity, validation=FULL)
-    assert hit.lease is not None
-    for name, tensor in tensors.items():
-        assert_bitwise_equal(hit.lease.tensors[name], tensor)
-    hit.lease.close()
+    node_b.assert_holds(identity, tensors)
 
 
 # --------------------------------------------------------------------------- bad remote content

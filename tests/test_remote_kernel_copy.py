@@ -15,7 +15,7 @@ from host_weight_runtime import BuildRequest, FailureCode, StoreStatus, TensorWr
 from host_weight_runtime._faults import Fault, FaultAction, arm, armed, disarm_all
 from host_weight_runtime.remote import FsspecArtifactProvider, import_remote_artifact, push_artifact
 
-from .remote_support import FULL, META, Node, assert_bitwise_equal, soon
+from .remote_support import META, Node, assert_bitwise_equal, soon
 from .support import SyntheticProducer, make_identity, make_tensors
 
 PAYLOAD = "model-00001-of-00002.safetensors"
@@ -51,11 +51,7 @@ def test_a_source_changed_after_its_range_was_stored_does_not_change_what_is_pub
     assert len(calls) > 2  # the first file spans several ranges, so the source changed after its first copy
     assert result is not None and result.status is StoreStatus.BUILT and result.lease is not None, result
     result.lease.close()
-    hit = node_b.store.lookup(identity, validation=FULL)
-    assert hit.lease is not None
-    for name, tensor in tensors.items():
-        assert_bitwise_equal(hit.lease.tensors[name], tensor)
-    hit.lease.close()
+    node_b.assert_holds(identity, tensors)
 
 
 def test_copy_data_refuses_misuse(tmp_path: Path) -> None:
