@@ -289,3 +289,25 @@ def use_aws_environment(
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
+
+
+@contextlib.contextmanager
+def node_b_with_pushed_remote(
+    kind: str, domain_root: Path, keys: list[str], *, tmp_path: Path, monkeypatch: Any, moto: MotoEndpoint | None
+) -> Iterator[Remote]:
+    """A fresh remote holding every artifact of node A's domain (exactly `keys`); this process (and its children)
+    is then node B, whose Hugging Face cache is empty and must stay empty: a load by name never fills it."""
+    from host_weight_runtime.remote import push_all_artifacts
+
+    use_aws_environment(monkeypatch, tmp_path)
+    with make_remote(kind, tmp_path, moto) as remote:
+        outcomes = push_all_artifacts(
+            FilesystemHostWeightStore(domain_root), remote.push_url, storage_options=remote.push_options
+        )
+        assert sorted(outcome.key for outcome in outcomes) == sorted(keys)
+        empty = tmp_path / "empty-hf"
+        empty.mkdir()
+        monkeypatch.setenv("HF_HOME", str(empty))
+        monkeypatch.setenv("HF_HUB_CACHE", str(empty / "hub"))
+        yield remote
+        assert not (empty / "hub").exists() or list((empty / "hub").iterdir()) == []

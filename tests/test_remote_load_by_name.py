@@ -19,17 +19,17 @@ from typing import Any
 import pytest
 import torch
 
-from host_weight_runtime import FailureCode, FilesystemHostWeightStore, HostWeightError
+from host_weight_runtime import FailureCode, HostWeightError
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
 from host_weight_runtime.diffusion import HostWeightUsageError, load_component, load_pipeline, prewarm_pipeline
 from host_weight_runtime.outcomes import ResolutionOutcome
-from host_weight_runtime.remote import ArtifactName, FsspecArtifactProvider, NameIndexEntry, push_all_artifacts
+from host_weight_runtime.remote import ArtifactName, FsspecArtifactProvider, NameIndexEntry
 from host_weight_runtime.runtime import HostWeightRuntime
 from host_weight_runtime.tools.synthetic_models import save_hub_snapshot
 from host_weight_runtime.tools.synthetic_pipelines import save_tiny_pipeline
 
 from ._pipelines import image
-from .remote_support import MotoEndpoint, Remote, assert_bitwise_equal, make_remote, moto_endpoint, use_aws_environment
+from .remote_support import MotoEndpoint, Remote, assert_bitwise_equal, moto_endpoint, node_b_with_pushed_remote
 
 REPO_ID = "hwr-test/tiny-flux-by-name"
 REVISION = hashlib.sha1(b"hwr-test/tiny-flux-by-name@1").hexdigest()
@@ -77,17 +77,11 @@ def pushed(
 ) -> Iterator[Remote]:
     """A fresh remote holding everything node A pushed; this process is node B, its HF cache empty and offline."""
     moto: MotoEndpoint | None = request.getfixturevalue("moto") if request.param == "s3" else None
-    use_aws_environment(monkeypatch, tmp_path)
-    with make_remote(request.param, tmp_path, moto) as remote:
-        store_a = FilesystemHostWeightStore(node_a.root)
-        outcomes = push_all_artifacts(store_a, remote.push_url, storage_options=remote.push_options)
-        assert sorted(outcome.key for outcome in outcomes) == sorted(node_a.keys.values())
-        empty = tmp_path / "empty-hf"
-        empty.mkdir()
-        monkeypatch.setenv("HF_HOME", str(empty))
-        monkeypatch.setenv("HF_HUB_CACHE", str(empty / "hub"))
+    keys = list(node_a.keys.values())
+    with node_b_with_pushed_remote(
+        request.param, node_a.root, keys, tmp_path=tmp_path, monkeypatch=monkeypatch, moto=moto
+    ) as remote:
         yield remote
-        assert not (empty / "hub").exists() or list((empty / "hub").iterdir()) == []
 
 
 def node_a_component(node_a: NodeA, name: str) -> torch.nn.Module:

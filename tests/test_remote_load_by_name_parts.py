@@ -34,12 +34,12 @@ from host_weight_runtime.diffusion import (
     resolve_tensor_shards,
 )
 from host_weight_runtime.outcomes import ResolutionOutcome
-from host_weight_runtime.remote import ArtifactName, FsspecArtifactProvider, NameIndexEntry, push_all_artifacts
+from host_weight_runtime.remote import ArtifactName, FsspecArtifactProvider, NameIndexEntry
 from host_weight_runtime.runtime import HostWeightRuntime
 from host_weight_runtime.tools.synthetic_models import save_hub_snapshot
 
 from ._diffusion import DIT, Folder, save_folder
-from .remote_support import MotoEndpoint, Remote, assert_bitwise_equal, make_remote, moto_endpoint, use_aws_environment
+from .remote_support import MotoEndpoint, Remote, assert_bitwise_equal, moto_endpoint, node_b_with_pushed_remote
 from .test_diffusion_tp import FLUX_TP4
 from .test_diffusion_tp_group import run_group
 
@@ -107,18 +107,11 @@ def pushed(
 ) -> Iterator[Remote]:
     """A fresh remote holding all of node A's artifacts; this process (and its children) is node B, HF cache empty."""
     moto: MotoEndpoint | None = request.getfixturevalue("moto") if request.param == "s3" else None
-    use_aws_environment(monkeypatch, tmp_path)
-    with make_remote(request.param, tmp_path, moto) as remote:
-        outcomes = push_all_artifacts(
-            FilesystemHostWeightStore(node_a.root), remote.push_url, storage_options=remote.push_options
-        )
-        assert sorted(outcome.key for outcome in outcomes) == sorted(node_a.keys.values())
-        empty = tmp_path / "empty-hf"
-        empty.mkdir()
-        monkeypatch.setenv("HF_HOME", str(empty))
-        monkeypatch.setenv("HF_HUB_CACHE", str(empty / "hub"))
+    keys = list(node_a.keys.values())
+    with node_b_with_pushed_remote(
+        request.param, node_a.root, keys, tmp_path=tmp_path, monkeypatch=monkeypatch, moto=moto
+    ) as remote:
         yield remote
-        assert not (empty / "hub").exists() or list((empty / "hub").iterdir()) == []
 
 
 def _entry(remote: Remote, artifact: ArtifactName) -> NameIndexEntry:
