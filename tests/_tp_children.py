@@ -98,7 +98,11 @@ def group_child(rank: int, setup: dict[str, Any], report: Connection, control: C
                     root=Path(step.get("domain", domain_root)),
                     lock_timeout_s=float(step.get("lock_timeout_s", 120.0)),
                 ),
-                remote_providers=[FsspecArtifactProvider(step["remote"])] if "remote" in step else (),
+                remote_providers=(
+                    [FsspecArtifactProvider(step["remote"], storage_options=step.get("remote_options"))]
+                    if "remote" in step
+                    else ()
+                ),
             )
             parallel = FinalLayoutParallelIdentity(tensor_parallel_size=world, tensor_parallel_rank=rank)
             try:

@@ -6,7 +6,8 @@ and the BF16 and FP8 TP=2 bundles (a replicated part and two shard parts each), 
 everything. Each layout gets a name of its own in the remote's index (the dtype of its
 representation; for a part the TP size and the part). Node B's Hugging Face cache is empty:
 `load_component(..., representation="fp8")` and two spawned TP ranks in a gloo group import
-node A's exact keys by name; a shard entry that names another key fails the group typed.
+node A's exact keys by name (over `file://`, and over moto's S3); a shard entry that names another
+key, or a rank whose shard has no entry at all, fails every rank of the group at once, typed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from host_weight_runtime import FailureCode, FilesystemHostWeightStore, HostWeightError
+from host_weight_runtime import FailureCode, FilesystemHostWeightStore, HostWeightError, HostWeightUsageError
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
 from host_weight_runtime.diffusion import (
     load_component,
@@ -218,6 +219,53 @@ def test_tensor_parallel_ranks_by_name(node_a: NodeA, pushed: Remote, tmp_path: 
     pushed.raw.pipe_file(f"{pushed.raw_root}/{shard.object_path()}", NameIndexEntry(**fields).to_bytes())
     (refused,) = run_group(tmp_path, node_a.folder, tmp_path / "node-c", 2, [by_name])
     assert [result.get("failed") for result in refused] == ["remote_failed", "remote_failed"]
+
+
+@pytest.mark.parametrize("pushed", ["s3"], indirect=True)
+def test_a_rank_without_an_index_entry_fails_the_whole_group_at_once(
+    node_a: NodeA, pushed: Remote, tmp_path: Path
+) -> None:
+    """E14/E13: on S3 (moto), rank 1's BF16 shard entry is gone from the index (as if only some parts were
+    pushed): rank 0 finds its entry, rank 1 has no checkpoint and no entry. Both ranks fail NOT_FOUND at once,
+    in PREFERRED (no checkpoint to fall back to) and in REQUIRED, and import nothing; the cohort deadline is an
+    hour, so a rank left waiting for it would overrun the group's read deadline instead. The same group then
+    loads FP8 by name over S3 (REMOTE_IMPORT of node A's shard keys): the ranks stayed in step."""
+    shard = name("bfloat16", 2, "shard-1")
+    pushed.raw.rm_file(f"{pushed.raw_root}/{shard.object_path()}")
+    by_name: dict[str, Any] = {
+        "model": REPO_ID, "revision": REVISION, "remote": pushed.read_url, "remote_options": pushed.read_options,
+        "lock_timeout_s": 3600.0,
+    }  # fmt: skip
+    domain = tmp_path / "node-b"
+    preferred, required, fp8 = run_group(
+        tmp_path, node_a.folder, domain, 2,
+        [{**by_name, "mode": "preferred"}, {**by_name, "mode": "required"},
+         {**by_name, "mode": "preferred", "representation": "fp8"}],
+    )  # fmt: skip
+    assert [result.get("failed") for result in preferred] == ["not_found", "not_found"], preferred
+    assert [result.get("failed") for result in required] == ["not_found", "not_found"], required
+    assert [result["outcome"] for result in fp8] == ["remote_import", "remote_import"], fp8
+    assert [result["key"] for result in fp8] == [node_a.keys[name(FP8, 2, f"shard-{r}")] for r in range(2)]
+    imported = sorted(path.name for path in FilesystemHostWeightStore(domain).layout.artifacts.iterdir())
+    assert imported == sorted(key for artifact, key in node_a.keys.items() if artifact.dtype == FP8 and artifact.part)
+
+
+@pytest.mark.parametrize("pushed", ["file"], indirect=True)
+def test_prewarm_tensor_parallel_by_name_says_to_pull(node_a: NodeA, pushed: Remote, tmp_path: Path) -> None:
+    """E14: `prewarm_tensor_parallel` builds from a checkpoint; on node B (none, a remote configured) it refuses
+    with a typed UNSUPPORTED usage error whose message gives the `hwr pull ... --tensor-parallel-size 2
+    --representation fp8` that imports the parts by name, and writes no artifact."""
+    root_b = tmp_path / "node-b"
+    with pytest.raises(HostWeightUsageError) as refused:
+        prewarm_tensor_parallel(
+            REPO_ID, tensor_parallel_size=2, subfolder=DIT, revision=REVISION, runtime=runtime(root_b, pushed),
+            representation="fp8",
+        )  # fmt: skip
+    assert refused.value.failure.code is FailureCode.UNSUPPORTED
+    command = f"hwr pull {REPO_ID} --revision {REVISION} --subfolder {DIT} --tensor-parallel-size 2"
+    command += " --representation fp8"
+    assert f"`{command}`" in refused.value.failure.message
+    assert not (root_b / "artifacts").exists() or list((root_b / "artifacts").iterdir()) == []
 
 
 @pytest.mark.parametrize("pushed", ["file"], indirect=True)

@@ -109,16 +109,24 @@ class TorchCohort:
             )
 
     @staticmethod
+    def group_failure(step: str, reports: tuple[RankReport, ...], hint: str = "") -> HostWeightError | None:
+        """The lowest failing rank's code as every rank's failure (None when no rank failed)."""
+        failed = [report for report in reports if report.status is CohortStatus.FAILED]
+        if not failed:
+            return None
+        first = failed[0]
+        code = first.code if first.code is not None else FailureCode.UNEXPECTED_STATUS
+        return cohort_failure(
+            f"rank {first.rank} of the group failed at step {step!r} ({code.value}){hint}; the whole group fails "
+            "together",
+            code=code,
+            step=step,
+            failed_ranks=[report.rank for report in failed],
+        )
+
+    @staticmethod
     def raise_if_any_failed(step: str, reports: tuple[RankReport, ...]) -> None:
         """The lowest failing rank's code, raised on every rank alike."""
-        failed = [report for report in reports if report.status is CohortStatus.FAILED]
-        if failed:
-            first = failed[0]
-            code = first.code if first.code is not None else FailureCode.UNEXPECTED_STATUS
-            raise cohort_failure(
-                f"rank {first.rank} of the group failed at step {step!r} ({code.value}); the whole group fails "
-                "together",
-                code=code,
-                step=step,
-                failed_ranks=[report.rank for report in failed],
-            )
+        failure = TorchCohort.group_failure(step, reports)
+        if failure is not None:
+            raise failure

@@ -4,7 +4,9 @@ A rank's weights are two artifacts (parts.py): the replicated part, one per node
 rank, and the rank's shard part; a rank "hits" when both are found and belong to one build
 (rank_lease.py). Without a process group each rank resolves its parts independently; a
 build is the whole bundle (every missing part, one pass), so ranks that start together
-build once and join. With a group, the ranks first agree on the layout (the replicated
+build once and join. With a group, every rank first says whether it could prepare (find its
+checkpoint or its name index entry, build its skeleton and key its layout): one rank's failure
+there fails every rank at once, with one code. The ranks then agree on the layout (the replicated
 part's key: plan, checkpoint, representation and TP size), then decide together
 (GROUP_COHORT): every rank hit -> all restore; any rank failed -> all raise that typed
 failure; otherwise one bundle build (when streaming is allowed) or the same canonical
@@ -23,9 +25,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ...config import RuntimeMode
 from ...failures import FailureCode, HostWeightError, usage_error
@@ -40,7 +43,7 @@ from ..dtype_policies import ModelFamilyName
 from ..identity_adapter import FinalLayoutIdentityContext
 from ..load_runtime import required_runtime, runtime_for_load
 from ..loaded import LoadedComponent
-from ..named_source import NameLayout, check_index_key, checkpoint_or_named_source, name_dtype
+from ..named_source import NameLayout, check_index_key, checkpoint_or_named_source, name_dtype, wants_name
 from ..publish_step import require_safetensors
 from ..reports import ComponentLoadPath, PrewarmResult
 from ..representation import check_representation, quantize_model_fp8, tensor_policy
@@ -185,6 +188,30 @@ def load_tensor_parallel_component(
     if cohort is not None and cohort.rank != rank:
         raise ValueError(f"tensor_parallel_rank {rank} is rank {cohort.rank} of the process group; they must match")
     stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
+
+    def prepare() -> _RankLoad:
+        return _prepare_rank(location, parallel, runtime, fp8=fp8, mesh=mesh, started=started)
+
+    load = prepare() if cohort is None else _prepared_together(cohort, prepare)
+    stream = stream and load.skeleton.source.use_safetensors and not load.named
+    if cohort is None:
+        return _load_alone(load, stream=stream)
+    cohort.agree("layout", load.parts.replicated.identity.key)
+    return _load_with_cohort(load, cohort, stream=stream)
+
+
+def _prepare_rank(
+    location: ComponentLocation,
+    parallel: FinalLayoutParallelIdentity,
+    runtime: HostWeightRuntime,
+    *,
+    fp8: bool,
+    mesh: Any,
+    started: float,
+) -> _RankLoad:
+    """The rank's source (its checkpoint, else the name index's), skeleton, plan and every rank's keys; a load
+    by name whose shard key differs from the index's is refused here (REMOTE_FAILED)."""
+    size, rank = parallel.tensor_parallel_size, parallel.tensor_parallel_rank
     layout = NameLayout(name_dtype(LoadOptions().dtype, fp8), size, ArtifactName.shard_part(rank))
     source = checkpoint_or_named_source(location, LoadOptions(), runtime, layout)
     skeleton = prepare_skeleton(location, LoadOptions(), parallel, source=source)
@@ -196,26 +223,40 @@ def load_tensor_parallel_component(
         quantize_model_fp8(skeleton.model)
     contexts = _identify_every_rank(skeleton, runtime, tensor_policy(fp8), plan)
     load = _RankLoad(skeleton, contexts, bundle_parts(contexts)[rank], plan, mesh, runtime, fp8, started)
-    refusal = _index_refusal(load)
-    stream = stream and skeleton.source.use_safetensors and not load.named
-    if cohort is None:
-        if refusal is not None:
-            raise refusal
-        return _load_alone(load, stream=stream)
-    cohort.agree("layout", load.parts.replicated.identity.key)
-    if refusal is not None:  # the other ranks raise it too, at their lookup step, instead of waiting
-        cohort.exchange("lookup", CohortStatus.FAILED, refusal.failure.code)
-        raise refusal
-    return _load_with_cohort(load, cohort, stream=stream)
+    check_index_key(load.skeleton.source, load.parts.shard.identity.key)
+    return load
 
 
-def _index_refusal(load: _RankLoad) -> HostWeightError | None:
-    """A load by name whose shard key differs from the index's: the typed refusal (None otherwise)."""
+_PREPARE = "prepare"
+_PREPARE_HINT = " (finding its checkpoint or its name index entry, or keying its layout; its own error says why)"
+
+
+def _prepared_together(cohort: TorchCohort, prepare: Callable[[], _RankLoad]) -> _RankLoad:
+    """`prepare()` on every rank, then one exchange of whether it worked: a rank that failed (no checkpoint and
+    no index entry for its part, an index key that differs) fails every rank now, with the lowest failing rank's
+    code, instead of leaving the others waiting at the next step until the lock deadline."""
     try:
-        check_index_key(load.skeleton.source, load.parts.shard.identity.key)
-    except HostWeightError as exc:
-        return exc
-    return None
+        load = prepare()
+    except Exception as exc:
+        code = exc.failure.code if isinstance(exc, HostWeightError) else FailureCode.UNEXPECTED_STATUS
+        _fail_together(cohort, _PREPARE, exc, code, _PREPARE_HINT)
+    group = cohort.group_failure(_PREPARE, cohort.exchange(_PREPARE, CohortStatus.HIT), _PREPARE_HINT)
+    if group is not None:
+        raise group
+    return load
+
+
+def _fail_together(cohort: TorchCohort, step: str, own: Exception, code: FailureCode, hint: str = "") -> NoReturn:
+    """Tell the group this rank failed at `step`, then raise: its own error when its code is the group's (the
+    lowest failing rank's), else the group's failure, so every rank raises one code."""
+    try:
+        reports = cohort.exchange(step, CohortStatus.FAILED, code)
+    except HostWeightError as lost:  # the others are gone: this rank's own failure is the one to see
+        raise own from lost
+    group = cohort.group_failure(step, reports, hint)
+    if group is not None and group.failure.code is not code:
+        raise group from own
+    raise own
 
 
 def _named_miss(load: _RankLoad, resolution: PartsResolution) -> HostWeightError:
@@ -256,8 +297,7 @@ def _load_with_cohort(load: _RankLoad, cohort: TorchCohort, *, stream: bool) -> 
     resolution = load.lookup()
     if load.named and resolution.lease is None:  # nothing to build or load instead: the group fails together
         refusal = _named_miss(load, resolution)
-        cohort.exchange("lookup", CohortStatus.FAILED, refusal.failure.code)
-        raise refusal
+        _fail_together(cohort, "lookup", refusal, refusal.failure.code)
     failed = resolution.failure
     reports = cohort.exchange("lookup", _status(resolution), None if failed is None else failed.code)
     cohort.raise_if_any_failed("lookup", reports)
@@ -311,16 +351,24 @@ def prewarm_tensor_parallel(
     builds allowed, like `prewarm_component`: a failure raises `HostWeightError`; a bad
     argument raises `HostWeightUsageError`. `representation="fp8"` builds the FP8 parts that
     `load_component(..., parallel=..., representation="fp8")` hits (each weight's scale taken
-    over the full tensor, so every rank holds the slice of the TP=1 quantization).
+    over the full tensor, so every rank holds the slice of the TP=1 quantization). It builds from the
+    checkpoint only: where the node lacks it and a remote is configured, it raises a `HostWeightUsageError`
+    (UNSUPPORTED) giving the `hwr pull REPO --revision R --tensor-parallel-size N` that imports the parts by name.
     """
     fp8 = check_representation(representation)
     if type(tensor_parallel_size) is not int or tensor_parallel_size < 2:
         raise ValueError(f"tensor_parallel_size must be an int >= 2, got {tensor_parallel_size!r}")
-    required = runtime_for_load(required_runtime(runtime if runtime is not None else HostWeightRuntime.from_env()))
+    given = runtime if runtime is not None else HostWeightRuntime.from_env()
+    required = runtime_for_load(required_runtime(given))
     location = ComponentLocation(model_or_path, subfolder, revision, Path(cache_dir) if cache_dir is not None else None)
-    skeleton = prepare_skeleton(
-        location, LoadOptions(), FinalLayoutParallelIdentity(tensor_parallel_size=tensor_parallel_size)
-    )
+    try:
+        skeleton = prepare_skeleton(
+            location, LoadOptions(), FinalLayoutParallelIdentity(tensor_parallel_size=tensor_parallel_size)
+        )
+    except HostWeightError as exc:
+        if wants_name(location, given, exc):
+            raise _no_prewarm_by_name(location, tensor_parallel_size, representation) from exc
+        raise
     _require_diffusers(skeleton)
     require_safetensors(skeleton, "a bundle", "Load each rank once with load_component")
     plan = plan_for_model(skeleton.model, tensor_parallel_size)  # plain skeleton: a registered plan keys on class
@@ -345,6 +393,24 @@ def prewarm_tensor_parallel(
             )
         )
     return tuple(results)
+
+
+def _no_prewarm_by_name(location: ComponentLocation, size: int, representation: str) -> HostWeightError:
+    """A prewarm builds from the checkpoint; a node without it imports the parts by name with `hwr pull`."""
+    command = f"hwr pull {os.fspath(location.model_or_path)} --revision {location.revision or '<commit>'}"
+    if location.subfolder:
+        command += f" --subfolder {location.subfolder}"
+    command += f" --tensor-parallel-size {size}"
+    if representation == "fp8":
+        command += " --representation fp8"
+    return usage_error(
+        f"prewarm_tensor_parallel builds the parts from the checkpoint, and {os.fspath(location.model_or_path)} "
+        "is not in this node's Hugging Face cache; to import the parts another node pushed by name from the "
+        f"remote, run `{command}` (or let each rank's load_component(..., parallel=...) import its parts by name)",
+        code=FailureCode.UNSUPPORTED,
+        argument="model_or_path",
+        command=command,
+    )
 
 
 def _identify_every_rank(
