@@ -40,7 +40,14 @@ from host_weight_runtime.runtime import HostWeightRuntime
 from host_weight_runtime.tools.synthetic_models import save_hub_snapshot
 
 from ._diffusion import DIT, Folder, save_folder
-from .remote_support import MotoEndpoint, Remote, assert_bitwise_equal, moto_endpoint, node_b_with_pushed_remote
+from .remote_support import (
+    MotoEndpoint,
+    Remote,
+    assert_bitwise_equal,
+    closed_endpoint,
+    moto_endpoint,
+    node_b_with_pushed_remote,
+)
 from .test_diffusion_tp import FLUX_TP4
 from .test_diffusion_tp_group import run_group
 
@@ -266,6 +273,31 @@ def test_prewarm_tensor_parallel_by_name_says_to_pull(node_a: NodeA, pushed: Rem
     command += " --representation fp8"
     assert f"`{command}`" in refused.value.failure.message
     assert not (root_b / "artifacts").exists() or list((root_b / "artifacts").iterdir()) == []
+
+
+@pytest.mark.parametrize("pushed", ["file"], indirect=True)
+def test_a_remote_that_is_down_is_passed_by_the_name_lookup(node_a: NodeA, pushed: Remote, tmp_path: Path) -> None:
+    """E14: with a first remote that refuses connections and then the pushed one, a load by name takes the index
+    entry and the snapshot files from the second (REMOTE_IMPORT of node A's key), as the import stage goes past a
+    remote that is down; with only the dead remote it fails as a retryable REMOTE_FAILED (not a name the index
+    lacks) and imports nothing."""
+    down = FsspecArtifactProvider(f"{closed_endpoint()}/fleet", timeout_s=5.0)
+
+    def node(root: Path, *providers: FsspecArtifactProvider) -> HostWeightRuntime:
+        config = HostWeightRuntimeConfig(mode=RuntimeMode.PREFERRED, root=root, lock_timeout_s=60.0)
+        return HostWeightRuntime(config, remote_providers=providers)
+
+    loaded = load_component(
+        REPO_ID, subfolder=DIT, revision=REVISION, runtime=node(tmp_path / "node-b", down, pushed.provider())
+    )
+    assert loaded.outcome is ResolutionOutcome.REMOTE_IMPORT, loaded.summary()
+    assert loaded.identity_key == node_a.keys[name()]
+    loaded.close()
+    with pytest.raises(HostWeightError) as failed:
+        load_component(REPO_ID, subfolder=DIT, revision=REVISION, runtime=node(tmp_path / "node-c", down))
+    assert failed.value.failure.code is FailureCode.REMOTE_FAILED and failed.value.failure.retryable, failed.value
+    artifacts = tmp_path / "node-c" / "artifacts"
+    assert not artifacts.exists() or list(artifacts.iterdir()) == []
 
 
 @pytest.mark.parametrize("pushed", ["file"], indirect=True)

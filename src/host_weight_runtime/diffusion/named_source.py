@@ -15,15 +15,23 @@ and a key that differs from the index's is refused: the index is trusted with na
 The name carries the representation's dtype (`float8_e4m3fn` for FP8) and, for a
 tensor-parallel rank, the TP size and the rank's shard part: a rank checks its shard key
 against the index, and that key names the replicated part's key, so one check covers both.
+
+The remotes are asked in order, past one that fails (as the import stage goes past it); the
+snapshot files come first from the remote whose entry was taken. When none answers and one
+failed, that failure is raised: a remote that is down is a retryable REMOTE_FAILED, not a name
+the index lacks.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -51,6 +59,9 @@ __all__ = [
 ]
 
 NAMED_SNAPSHOTS_FOLDER = "named-snapshots-v1"
+
+_LOG = logging.getLogger("host_weight_runtime")
+_Found = TypeVar("_Found")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,23 +144,28 @@ def _holds(root: Path, file: SnapshotFile) -> bool:
         return False
 
 
-def named_snapshot(runtime: HostWeightRuntime, repo_id: str, revision: str) -> tuple[Path, str] | None:
+def named_snapshot(
+    runtime: HostWeightRuntime, repo_id: str, revision: str, prefer: str | None = None
+) -> tuple[Path, str] | None:
     """The domain's copy of the snapshot's non-weight files (fetched and checked where missing) and the remote
-    it came from; None when no configured remote lists files for this repo id and revision."""
+    it came from (the `prefer`red one first: the remote whose index entry the load took); None when no
+    configured remote lists files for this repo id and revision."""
     init_failure = runtime.ensure_store()
     if init_failure is not None:
         raise HostWeightError(init_failure)
     base = runtime.config.resolved_root / NAMED_SNAPSHOTS_FOLDER / ("models--" + repo_id.replace("/", "--"))
     root = base / "snapshots" / revision
-    for provider in _providers(runtime):
+
+    def fetch(provider: FsspecArtifactProvider) -> Path | None:
         listed = read_snapshot_files(provider.location, repo_id, revision)
         if listed is None:
-            continue
+            return None
         for file in listed.files:
             if not _holds(root, file):
                 _materialize(root, file, read_snapshot_file(provider.location, file))
-        return root, provider.provider_id
-    return None
+        return root
+
+    return _first_answer(runtime, fetch, f"the files of {repo_id}@{revision}", prefer)
 
 
 def named_pipeline_root(location: ComponentLocation, runtime: HostWeightRuntime, exc: HostWeightError) -> Path:
@@ -164,12 +180,34 @@ def named_pipeline_root(location: ComponentLocation, runtime: HostWeightRuntime,
     return snapshot[0]
 
 
-def _entry(runtime: HostWeightRuntime, name: ArtifactName) -> tuple[NameIndexEntry, str] | None:
-    for provider in _providers(runtime):
-        entry = read_name_entry(provider.location, name)
-        if entry is not None:
-            return entry, provider.provider_id
+def _first_answer(
+    runtime: HostWeightRuntime,
+    ask: Callable[[FsspecArtifactProvider], _Found | None],
+    what: str,
+    prefer: str | None = None,
+) -> tuple[_Found, str] | None:
+    """The first remote's answer (the `prefer`red one first, then in order), past remotes that fail, as the
+    import stage goes past them; when none answers, the first failure is raised: a remote that is down is not an
+    index that lacks the name, so the caller sees a (retryable) REMOTE_FAILED, not a NOT_FOUND."""
+    providers = sorted(_providers(runtime), key=lambda provider: provider.provider_id != prefer)
+    first_failure: HostWeightError | None = None
+    for provider in providers:
+        try:
+            found = ask(provider)
+        except HostWeightError as exc:
+            code, message = exc.failure.code.value, exc.failure.message
+            _LOG.warning("remote %s failed on %s: [%s] %s", provider.provider_id, what, code, message)
+            first_failure = first_failure or exc
+            continue
+        if found is not None:
+            return found, provider.provider_id
+    if first_failure is not None:
+        raise first_failure
     return None
+
+
+def _entry(runtime: HostWeightRuntime, name: ArtifactName) -> tuple[NameIndexEntry, str] | None:
+    return _first_answer(runtime, lambda provider: read_name_entry(provider.location, name), f"the index entry {name}")
 
 
 def checkpoint_or_named_source(
@@ -209,7 +247,7 @@ def named_component_source(
             exc,
             f"{remote} indexes {name} without its checkpoint files; push it again from a node that holds the snapshot",
         ) from exc
-    snapshot = named_snapshot(runtime, repo_id, revision)
+    snapshot = named_snapshot(runtime, repo_id, revision, prefer=remote)
     root = None if snapshot is None else snapshot[0].joinpath(*(location.subfolder or "").split("/"))
     if root is None or not (root / "config.json").is_file():
         raise _not_named(location, exc, f"no remote holds the config files of {name}; push it again") from exc
