@@ -35,7 +35,7 @@ from host_weight_runtime.diffusion import (
     resolve_tensor_shards,
 )
 from host_weight_runtime.outcomes import ResolutionOutcome
-from host_weight_runtime.remote import ArtifactName, FsspecArtifactProvider, NameIndexEntry
+from host_weight_runtime.remote import ArtifactName, FsspecArtifactProvider, NameIndexEntry, pull_by_name
 from host_weight_runtime.runtime import HostWeightRuntime
 from host_weight_runtime.tools.synthetic_models import save_hub_snapshot
 
@@ -298,6 +298,23 @@ def test_a_remote_that_is_down_is_passed_by_the_name_lookup(node_a: NodeA, pushe
     assert failed.value.failure.code is FailureCode.REMOTE_FAILED and failed.value.failure.retryable, failed.value
     artifacts = tmp_path / "node-c" / "artifacts"
     assert not artifacts.exists() or list(artifacts.iterdir()) == []
+
+
+@pytest.mark.parametrize("pushed", ["file"], indirect=True)
+def test_an_entry_under_another_names_path_is_refused(node_a: NodeA, pushed: Remote, tmp_path: Path) -> None:
+    """E13: rank 0's shard entry copied over rank 1's (the object at shard-1's path is shard-0's entry): a pull of
+    shard-1 is a non-retryable REMOTE_FAILED naming both and imports nothing, instead of rank 0's shard as
+    rank 1's."""
+    copied, target = name("bfloat16", 2, "shard-0"), name("bfloat16", 2, "shard-1")
+    entry = bytes(pushed.raw.cat_file(f"{pushed.raw_root}/{copied.object_path()}"))
+    pushed.raw.pipe_file(f"{pushed.raw_root}/{target.object_path()}", entry)
+    root_b = tmp_path / "node-b"
+    with pytest.raises(HostWeightError) as refused:
+        pull_by_name(FilesystemHostWeightStore(root_b), pushed.read_url, target)
+    failure = refused.value.failure
+    assert failure.code is FailureCode.REMOTE_FAILED and not failure.retryable, failure
+    assert str(copied) in failure.message and str(target) in failure.message
+    assert not (root_b / "artifacts").exists() or list((root_b / "artifacts").iterdir()) == []
 
 
 @pytest.mark.parametrize("pushed", ["file"], indirect=True)

@@ -69,7 +69,8 @@ def index_artifact_name(location: RemoteLocation, manifest: WeightManifest) -> A
 
 
 def read_name_entry(location: RemoteLocation, name: ArtifactName) -> NameIndexEntry | None:
-    """The index object for `name`, None when the remote has none; a malformed one is a typed failure."""
+    """The index object for `name`, None when the remote has none; a malformed one, or one that is another name's
+    entry, is a typed failure."""
     relative = name.object_path()
     size = location.size_of(relative)
     if size is None:
@@ -82,7 +83,7 @@ def read_name_entry(location: RemoteLocation, name: ArtifactName) -> NameIndexEn
             object=relative,
         )
     try:
-        return NameIndexEntry.from_bytes(location.read(relative))
+        entry = NameIndexEntry.from_bytes(location.read(relative))
     except ValueError as exc:
         raise remote_failed(
             f"the name index object for {name} at {location.name} is invalid ({exc}); push the artifact again",
@@ -90,6 +91,15 @@ def read_name_entry(location: RemoteLocation, name: ArtifactName) -> NameIndexEn
             provider_id=location.name,
             object=relative,
         ) from None
+    if entry.name != name:  # an entry copied or moved under another name's path: never another layout's key
+        raise remote_failed(
+            f"the name index object for {name} at {location.name} is the entry of {entry.name}; push the artifact "
+            "again",
+            retryable=False,
+            provider_id=location.name,
+            object=relative,
+        )
+    return entry
 
 
 @dataclass(frozen=True, slots=True)
