@@ -8,6 +8,8 @@ representation; for a part the TP size and the part). Node B's Hugging Face cach
 `load_component(..., representation="fp8")` and two spawned TP ranks in a gloo group import
 node A's exact keys by name (over `file://`, and over moto's S3); a shard entry that names another
 key, or a rank whose shard has no entry at all, fails every rank of the group at once, typed.
+The name lookup goes past a remote that is down, refuses an index object that is another name's
+entry, and `prewarm_tensor_parallel` without the checkpoint says to `hwr pull` the parts.
 """
 
 from __future__ import annotations
