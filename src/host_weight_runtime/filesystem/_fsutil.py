@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from .._faults import fault_point
@@ -88,13 +89,26 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(path)
 
 
+def unallocated_bytes(top: Path) -> int:
+    """Bytes that regular files below `top` are sized for but do not occupy yet (sparse reservations).
+
+    A payload file sized with `ftruncate` reserves its bytes by its size alone; until the copy fills
+    it, the filesystem's free space still counts them, so a capacity check subtracts them.
+    """
+    return sum(max(0, info.st_size - info.st_blocks * 512) for info in _regular_files(top))
+
+
 def tree_bytes(top: Path) -> int:
     """Sum st_size of regular files below `top` without following symlinks.
 
     Builds finish and cleanups run concurrently, so an entry that vanishes between
     listing and stat is simply no longer part of the store; other errors propagate.
     """
-    total = 0
+    return sum(info.st_size for info in _regular_files(top))
+
+
+def _regular_files(top: Path) -> Iterator[os.stat_result]:
+    """The stat of every regular file below `top` (symlinks not followed; entries removed meanwhile skipped)."""
     pending = [top]
     while pending:
         directory = pending.pop()
@@ -111,8 +125,7 @@ def tree_bytes(top: Path) -> int:
             if stat.S_ISDIR(info.st_mode):
                 pending.append(Path(entry.path))
             elif stat.S_ISREG(info.st_mode):
-                total += info.st_size
-    return total
+                yield info
 
 
 def write_file_atomic(path: Path, data: bytes, *, mode: int = 0o600) -> None:

@@ -2,8 +2,9 @@
 
 A plain file copy is one kernel copy (`copy_file_range`, or `sendfile` across filesystems) from
 the page cache; a payload file filled from a local file the same way costs no user-space copy. What
-was stored is then hashed from the destination's pages (a shared read-only mapping, populated before
-use): on tmpfs those pages are memory, so hashing them is a read of RAM, not a second copy or a disk read.
+was stored is then hashed from the destination's pages (a shared read-only mapping of each range, mapped in
+and out by the hashing threads, not the copying one): on tmpfs those pages are memory, so hashing them is a
+read of RAM, not a second copy or a disk read.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ import os
 
 from .._faults import fault_point
 
-__all__ = ["StoredPages", "kernel_copy"]
+__all__ = ["StoredRange", "kernel_copy"]
 
 # Errors that mean "this pair of files cannot use copy_file_range", never "the copy failed".
 _NO_COPY_FILE_RANGE = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF})
-_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; older kernels refuse it (EINVAL)
 
 
 def kernel_copy(source_fd: int, source_offset: int, target_fd: int, target_offset: int, nbytes: int) -> int:
@@ -52,26 +52,37 @@ def kernel_copy(source_fd: int, source_offset: int, target_fd: int, target_offse
     return done
 
 
-class StoredPages:
-    """A read-only shared mapping of one payload file: views of byte ranges already stored, for hashing.
+class StoredRange:
+    """One range of a payload file just stored, mapped read-only on its own so that whoever hashes it (the
+    hash lane, not the copying thread) also pays for faulting its pages in (`view`) and unmapping them (`close`).
 
-    Each view must be released by whoever hashes it; `close` unmaps once they are (a view still held by
-    a failed hash leaves the mapping to the garbage collector, which never blocks an abort).
+    The view must be released before `close`; a view still held by a failed hash leaves the mapping to
+    the garbage collector, which never blocks an abort.
     """
 
-    __slots__ = ("_map", "_size")
+    __slots__ = ("_map", "_nbytes", "_start")
 
-    def __init__(self, fd: int, size: int) -> None:
-        self._size = size
-        self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    def __init__(self, fd: int, offset: int, nbytes: int) -> None:
+        base = offset - offset % mmap.ALLOCATIONGRANULARITY
+        self._start = offset - base
+        self._nbytes = nbytes
+        self._map = (
+            mmap.mmap(fd, self._start + nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=base)
+            if nbytes
+            else None
+        )
 
-    def view(self, offset: int, nbytes: int) -> memoryview:
-        """Bytes [offset, offset + nbytes) of the file, their pages mapped in one call before they are read."""
-        page = offset - offset % mmap.PAGESIZE
-        with contextlib.suppress(OSError, ValueError):  # populating is an optimisation only
-            self._map.madvise(_MADV_POPULATE_READ, page, offset + nbytes - page)
-        return memoryview(self._map)[offset : offset + nbytes]
+    def __len__(self) -> int:
+        return self._nbytes
+
+    def view(self) -> memoryview:
+        """The stored bytes. Their pages are mapped in as they are read, so the threads that hash the range's
+        leaves side by side also fault its pages in side by side (one populate call would run on one)."""
+        if self._map is None:
+            return memoryview(b"")
+        return memoryview(self._map)[self._start : self._start + self._nbytes]
 
     def close(self) -> None:
-        with contextlib.suppress(BufferError):
-            self._map.close()
+        if self._map is not None:
+            with contextlib.suppress(BufferError):
+                self._map.close()

@@ -26,7 +26,7 @@ from ..manifest import FileManifestEntry, TensorManifestEntry
 from ..protocols import TensorWriteSpec
 from ..tensors import contiguous_strides
 from ._coverage import RowCoverage, claims_of, rows_of_write
-from ._kernel_copy import StoredPages, kernel_copy
+from ._kernel_copy import StoredRange, kernel_copy
 from ._payload_hashing import PayloadHasher
 from ._safetensors_layout import FileLayout, tensor_bytes
 from ._write_failures import os_failed, producer_failed
@@ -106,10 +106,14 @@ def create_tensor_file(
     *,
     ordered: bool,
     caller_hashes: bool = False,
+    sparse: bool = False,
 ) -> StagingTensorFileWriter:
     """Create payload file `name` (it must not exist), preallocate its final size and write its header.
 
-    On failure the file is removed again, so a failed open leaves nothing behind.
+    `sparse` (a caller-hashed file on tmpfs): the file is only sized (`ftruncate`), so the copy that fills
+    it allocates its pages as it goes instead of waiting for all of them first; its size is still the
+    reservation that the capacity check counts (st_size, less what is already allocated, comes off the
+    free space). On failure the file is removed again, so a failed open leaves nothing behind.
     """
     path = staging_dir / name
     try:
@@ -119,7 +123,10 @@ def create_tensor_file(
     try:
         try:
             fault_point("writer.preallocate")
-            os.posix_fallocate(fd, 0, layout.size)
+            if sparse:
+                os.ftruncate(fd, layout.size)
+            else:
+                os.posix_fallocate(fd, 0, layout.size)
         except OSError as exc:
             raise os_failed(exc, f"preallocating {layout.size} bytes for {name}", file=name, size=layout.size) from exc
         try:
@@ -156,7 +163,6 @@ class StagingTensorFileWriter:
         "_ordered",
         "_owner",
         "_result",
-        "_stored",
     )
 
     def __init__(
@@ -180,7 +186,6 @@ class StagingTensorFileWriter:
         self._result: WrittenFile | None = None
         self._next_byte = 0  # ordered files: the data offset the next write must start at
         self._cast: _CastBuffers | None = None  # made by the first copy_rows
-        self._stored: StoredPages | None = None  # made by the first copy_data
         self._coverage: dict[str, RowCoverage] = {
             placement.spec.name: RowCoverage(placement) for placement in layout.placements
         }
@@ -237,13 +242,13 @@ class StagingTensorFileWriter:
         """
         self._owner._guarded(lambda: self._copy(name, start_row, rows))
 
-    def copy_data(self, source_fd: int, source_offset: int, nbytes: int) -> memoryview:
+    def copy_data(self, source_fd: int, source_offset: int, nbytes: int) -> StoredRange:
         """Copy the next `nbytes` of the data section from `source_fd` at `source_offset`, in the kernel.
 
         For an ordered file opened with `caller_hashes`: the range starts where the previous write
-        ended and ends on a row boundary. Returns a read-only view of the stored bytes (the file's
-        own pages) for the caller to hash and then release; a view shorter than `nbytes` means the
-        source ended early, and then none of the range counts as written.
+        ended and ends on a row boundary. Returns the stored bytes (a read-only mapping of the file's
+        own pages) for the caller to hash and then close, on any thread; one shorter than `nbytes`
+        means the source ended early, and then none of the range counts as written.
         """
         return self._owner._guarded(lambda: self._copy_data(source_fd, source_offset, nbytes))
 
@@ -369,14 +374,15 @@ class StagingTensorFileWriter:
             except OSError as exc:  # an earlier piece of this file failed to hash
                 raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
 
-    def _copy_data(self, source_fd: int, source_offset: int, nbytes: int) -> memoryview:
+    def _copy_data(self, source_fd: int, source_offset: int, nbytes: int) -> StoredRange:
         def transfer(offset: int) -> int:
             return kernel_copy(source_fd, source_offset, self._fd, offset, nbytes)
 
         copied, offset = self._store_data(nbytes, transfer)
-        if self._stored is None:
-            self._stored = StoredPages(self._fd, self._layout.size)
-        return self._stored.view(offset, copied)
+        try:
+            return StoredRange(self._fd, offset, copied)
+        except OSError as exc:
+            raise os_failed(exc, f"mapping the stored bytes of {self._name}", file=self._name) from exc
 
     def _store_data(self, nbytes: int, transfer: Callable[[int], int]) -> tuple[int, int]:
         """Claim the next `nbytes` of the data section, `transfer` them to their file offset, mark them written
@@ -545,9 +551,6 @@ class StagingTensorFileWriter:
         )
 
     def _release_fd(self) -> None:
-        if self._stored is not None:
-            self._stored.close()
-            self._stored = None
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             with contextlib.suppress(OSError):

@@ -7,7 +7,9 @@ memory) and failing halfway.
 A build reserves space one payload file at a time, inside `reservation()`: the domain's
 capacity lock is held around the check, any eviction, and the file's preallocation, so
 the preallocated file in tmp/ is itself the reservation the next builder counts. Two
-builders can never both count the same free or freed bytes.
+builders can never both count the same free or freed bytes. A file that is only sized
+(a tmpfs import, whose copy allocates as it goes) reserves by its size: what it does not
+occupy yet is taken off the free space the check sees.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ..config import (
 )
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, raise_failure
 from ._eviction import Evictor
-from ._fsutil import failure_from_os_error, tree_bytes
+from ._fsutil import failure_from_os_error, tree_bytes, unallocated_bytes
 from ._layout import DomainLayout
 from .locks import acquire_lock
 
@@ -121,7 +123,11 @@ class CapacityGuard:
         """(store bytes, or None without a store limit; total; free) right now."""
         current = self._measure_store() if self._policy.max_store_bytes is not None else None
         total, free = self._statvfs()
-        return current, total, free
+        try:
+            promised = unallocated_bytes(self._layout.tmp)  # sized, not yet filled: already reserved
+        except OSError as exc:
+            raise HostWeightError(failure_from_os_error(exc, stage=_STAGE, what="measuring the store")) from exc
+        return current, total, max(0, free - promised)
 
     def _shortfall(self, additional_bytes: int, measured: tuple[int | None, int, int]) -> int:
         """Bytes that must be freed before `additional_bytes` more fit every limit (0 when they fit)."""

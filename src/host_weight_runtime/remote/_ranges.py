@@ -15,6 +15,7 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 from .._digest import DigestAlgorithm, TreeHasher
 from ..manifest import FileManifestEntry, TensorManifestEntry
@@ -28,6 +29,7 @@ __all__ = [
     "RangeBuffers",
     "RangeWrite",
     "ReadRange",
+    "StoredBytes",
     "leaf_threads",
     "plan_ranges",
     "spec_of",
@@ -116,6 +118,16 @@ def tensor_from(buffer: bytearray, write: RangeWrite) -> torch.Tensor:
     return flat.reshape(shape)
 
 
+class StoredBytes(Protocol):
+    """Bytes a writer stored and mapped for hashing (the staging writer's `copy_data` result)."""
+
+    def __len__(self) -> int: ...
+
+    def view(self) -> memoryview: ...
+
+    def close(self) -> None: ...
+
+
 class HashLanes:
     """Hashes each range's bytes right after they were written, behind the writes, in file order.
 
@@ -151,14 +163,32 @@ class HashLanes:
         self._queued.append(self._lane.submit(self._hash, hashers, buffer, writes))
 
     def hash_stored(self, hashers: dict[str, TreeHasher], view: memoryview, writes: tuple[RangeWrite, ...]) -> None:
-        """Hash a range from the stored file's pages (a view the lane releases), behind the next copy."""
+        """Hash a range from a view of the bytes as stored (the lane releases it), behind the next write."""
         while len(self._queued) >= self._pending:
             self._queued.popleft().result()
         self._queued.append(self._lane.submit(self._hash_view, hashers, view, writes))
 
-    def drain(self) -> None:
-        while self._queued:
+    def hash_mapped(
+        self, hashers: dict[str, TreeHasher], stored: StoredBytes, writes: tuple[RangeWrite, ...]
+    ) -> Future[None]:
+        """Hash a range the writer stored, behind the next copy, off the copying thread: the leaf threads fault
+        its pages in as they hash them, and the mapping is closed behind them. Returns the range's hash."""
+        while len(self._queued) >= self._pending:
             self._queued.popleft().result()
+        future = self._lane.submit(self._hash_mapped, hashers, stored, writes)
+        self._queued.append(future)
+        return future
+
+    def drain(self, through: Future[None] | None = None) -> None:
+        """Wait for every queued hash, or only up to `through` (the lane runs them in order); raise what they raised."""
+        if through is not None and through not in self._queued:
+            through.result()
+            return
+        while self._queued:
+            future = self._queued.popleft()
+            future.result()
+            if future is through:
+                return
 
     def _hash(self, hashers: dict[str, TreeHasher], buffer: bytearray, writes: tuple[RangeWrite, ...]) -> None:
         with memoryview(buffer) as whole:
@@ -171,6 +201,12 @@ class HashLanes:
             for write in writes:
                 with view[write.offset : write.offset + write.nbytes] as piece:
                     hashers[write.spec.name].update(piece, self._leaves)
+
+    def _hash_mapped(self, hashers: dict[str, TreeHasher], stored: StoredBytes, writes: tuple[RangeWrite, ...]) -> None:
+        try:
+            self._hash_view(hashers, stored.view(), writes)
+        finally:
+            self._leaves.submit(stored.close)  # unmapping takes a while too: not on the lane (shutdown waits for it)
 
 
 class RangeBuffers:

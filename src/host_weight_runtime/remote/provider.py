@@ -340,16 +340,14 @@ class FsspecArtifactProvider:
         before: Callable[[], None] | None,
     ) -> Callable[[], None] | None:
         """Import one payload file; a local copy returns its finish (wait for the last hash, close, compare),
-        which the caller runs after the next file was opened, so that file's preallocation overlaps the hash."""
+        which the next file runs once its first range was copied, so that copy overlaps the hash."""
         specs = tuple(spec_of(entry) for entry in tensors)
         relative = f"{key}/{file.name}"
         plan = plan_ranges(file, tensors, self._chunk_bytes)
         staging = isinstance(writer, StagingArtifactWriter)
         if isinstance(writer, StagingArtifactWriter) and self._location.local:
             opened = writer.open_tensor_file(file.name, specs, ordered=True, caller_hashes=True)
-            if before is not None:
-                before()
-            return self._copy_file(key, file, tensors, opened, lanes)
+            return self._copy_file(key, file, tensors, opened, lanes=lanes, before=before)
         if before is not None:
             before()
         read = self._read_bytes if staging else functools.partial(self._read_range, buffers=lanes.buffers)
@@ -405,30 +403,40 @@ class FsspecArtifactProvider:
         file: FileManifestEntry,
         tensors: tuple[TensorManifestEntry, ...],
         file_writer: TensorFileWriter,
+        *,
         lanes: HashLanes,
+        before: Callable[[], None] | None,
     ) -> Callable[[], None]:
         """A local source: each range copied by the kernel into the staged file, then hashed from the stored
         pages on the lane while the next range copies (what is hashed is exactly what was stored).
-        Returns the file's finish: wait for its last hash, close it with the digests, compare them."""
+        `before` (the previous file's finish) runs once the first range was copied. Returns this file's
+        finish: wait for its last hash, close it with the digests, compare them."""
         assert isinstance(file_writer, StagingTensorFileWriter)
         relative = f"{key}/{file.name}"
         hashers = lanes.open_file(tensors)
+        last: Future[None] | None = None
         for item in plan_ranges(file, tensors, self._chunk_bytes):
             fault_point("remote.fetch.chunk")
             wanted = item.end - item.start
             source_fd = self._location.open_local(relative)  # per range, as a ranged read sees the object now
             assert source_fd is not None
             try:
-                view = file_writer.copy_data(source_fd, item.start, wanted)
+                stored = file_writer.copy_data(source_fd, item.start, wanted)
             finally:
                 os.close(source_fd)
-            if len(view) != wanted:
-                view.release()
-                raise self._short_read(relative, item, len(view))
-            lanes.hash_stored(hashers, view, item.writes)
+            if len(stored) != wanted:
+                stored.close()
+                raise self._short_read(relative, item, len(stored))
+            last = lanes.hash_mapped(hashers, stored, item.writes)
+            if before is not None:
+                finish_previous: Callable[[], None] = before
+                before = None
+                finish_previous()
+        if before is not None:
+            before()
 
         def finish() -> None:
-            lanes.drain()
+            lanes.drain(through=last)
             file_writer.close_hashed(tuple(hashers[tensor.name].hexdigest() for tensor in tensors))
             self._compare_written(key, file, tensors, file_writer)
 
