@@ -1,4 +1,4 @@
-"""Post-load publication: the finalized CPU model's tensors, written as they serve."""
+"""Post-load publication: the finalized CPU model's tensors, written as they serve (in one pass, `_live_write`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from ...failures import FailureCode
 from ...protocols import ArtifactWriter, ProductionMetadata, ProductionSourceMode, TensorFileWriter
 from ..identity_adapter import FinalLayoutIdentityContext, discover_final_layout
 from ..tensor_layout import FinalLayoutTensor, tensors_by_name
-from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, SingleArtifactProducer, producer_error, write_all
+from ._live_write import write_live_files
+from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, SingleArtifactProducer, plan_shards, producer_error
 
 
 class FinalLayoutBF16Producer(SingleArtifactProducer):
@@ -46,19 +47,34 @@ class FinalLayoutBF16Producer(SingleArtifactProducer):
                 f"e.g. {differing[:5]}); it cannot be published under this key",
                 differing=len(differing),
             )
-        live = tensors_by_name(self._dit_modules)
-        write_all(
-            writer,
-            context,
-            self._shard_bytes,
-            lambda file_writer, tensor: write_live(file_writer, tensor, live),
-            self._progress,
-        )
+        publish_live(writer, plan_shards(context.tensors, self._shard_bytes), self._dit_modules, self._progress)
         return self._finish()
 
 
+def publish_live(
+    writer: ArtifactWriter,
+    files: Sequence[tuple[str, Sequence[FinalLayoutTensor]]],
+    dit_modules: Sequence[tuple[str, torch.nn.Module]],
+    progress: ProgressCallback | None = None,
+) -> None:
+    """Write the serving model's tensors into the planned files in one pass (`write_live_files`)."""
+    live = tensors_by_name(dit_modules)
+    write_live_files(
+        writer,
+        files,
+        lambda tensor: checked_live(tensor, live),
+        lambda file_writer, tensor: write_live(file_writer, tensor, live),
+        progress,
+    )
+
+
 def write_live(file_writer: TensorFileWriter, tensor: FinalLayoutTensor, live: Mapping[str, torch.Tensor]) -> None:
-    """Write the serving model's tensor as it is; one not on the host in its final dtype fails the production."""
+    """Write the serving model's tensor as it is (the writer hashes it behind)."""
+    file_writer.write_tensor(tensor.name, checked_live(tensor, live))
+
+
+def checked_live(tensor: FinalLayoutTensor, live: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The serving model's tensor for `tensor`; one not on the host in its final dtype fails the production."""
     value = live[tensor.name].detach()
     if value.device.type != "cpu" or value.dtype != tensor.dtype:
         raise producer_error(
@@ -67,4 +83,4 @@ def write_live(file_writer: TensorFileWriter, tensor: FinalLayoutTensor, live: M
             f"already in their final dtype {tensor.dtype}",
             tensor=tensor.name,
         )
-    file_writer.write_tensor(tensor.name, value)
+    return value
