@@ -22,6 +22,7 @@ from host_weight_runtime import FilesystemHostWeightStore, StoreStatus, Validati
 from host_weight_runtime._faults import Fault, FaultAction, arm, disarm_all
 from host_weight_runtime.diffusion import FinalLayoutBF16Producer, FinalLayoutIdentityContext
 from host_weight_runtime.diffusion.producers import _live_write
+from host_weight_runtime.diffusion.producers._shards import DEFAULT_SHARD_BYTES
 from host_weight_runtime.failures import FailureCode
 from host_weight_runtime.outcomes import PostLoadPublicationStatus
 from host_weight_runtime.protocols import ArtifactWriter, ProductionMetadata, TensorFileWriter, TensorWriteSpec
@@ -87,17 +88,24 @@ def _piece_bytes_seam(monkeypatch: pytest.MonkeyPatch, nbytes: int) -> None:
     monkeypatch.setattr(_live_write, "LIVE_PIECE_BYTES", nbytes)
 
 
-@pytest.mark.parametrize(("piece_bytes", "shard_bytes"), [(4096, None), (1000, 64 * 1024), (2**22, 16 * 1024)])
+# (piece bytes, payload-file bytes or None for one file, model_is_private)
+CASES = [(4096, None, False), (1000, 64 * 1024, False), (2**22, 16 * 1024, False), (4096, None, True), (1000, 16 * 1024, True)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
 def test_one_pass_publication_is_byte_identical_to_the_writer_hashed_one(
-    wan: Folder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, piece_bytes: int, shard_bytes: int | None
+    wan: Folder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: tuple[int, int | None, bool]
 ) -> None:
-    """D10 D09: publishing with the producer hashing each piece it writes gives the very files (payloads,
-    manifest, READY marker) the writer-hashed path gives, verifies under FULL_CHECKSUM, and leaves the
-    serving model untouched."""
+    """D10 D09: publishing with the producer hashing what it writes (each piece from its private copy, or a
+    private model's tensors straight from their memory) gives the very files (payloads, manifest, READY
+    marker) the writer-hashed path gives, verifies under FULL_CHECKSUM, and leaves the serving model untouched."""
+    piece_bytes, shard_bytes, private = case
     _piece_bytes_seam(monkeypatch, piece_bytes)
     holder = Pipeline(wan.canonical())
     context = identity_context(holder, wan.source())
-    kwargs = {} if shard_bytes is None else {"shard_bytes": shard_bytes}
+    kwargs: dict[str, object] = {"model_is_private": private}
+    if shard_bytes is not None:
+        kwargs["shard_bytes"] = shard_bytes
     before = TensorSnapshot.of(holder)
 
     one_pass = runtime_at(tmp_path / "one-pass")
@@ -106,7 +114,7 @@ def test_one_pass_publication_is_byte_identical_to_the_writer_hashed_one(
     before.assert_unchanged(holder)
 
     hashed = runtime_at(tmp_path / "writer-hashed")
-    producer = _WriterHashedProducer(context, [(DIT, holder.transformer)], **kwargs)
+    producer = _WriterHashedProducer(context, [(DIT, holder.transformer)], shard_bytes=shard_bytes or DEFAULT_SHARD_BYTES)
     assert hashed.publish_after_load(context.identity, producer).status is PostLoadPublicationStatus.PUBLISHED
 
     one_pass_files, hashed_files = _published_files(one_pass, context), _published_files(hashed, context)
@@ -128,12 +136,14 @@ def test_one_pass_publication_is_byte_identical_to_the_writer_hashed_one(
             assert served.dtype == tensor.dtype and torch.equal(served, live[tensor.name.removeprefix(f"{DIT}.")])
 
 
-@pytest.mark.parametrize(("point", "skip"), [("writer.pwrite", 3), ("writer.after_pwrite", 5)])
+@pytest.mark.parametrize("private", [False, True], ids=["copied", "private"])
+@pytest.mark.parametrize("seam", [("writer.pwrite", 3), ("writer.after_pwrite", 5)], ids=str)
 def test_one_pass_publication_mid_write_enospc_is_typed_and_leaves_nothing(
-    wan: Folder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str, skip: int
+    wan: Folder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seam: tuple[str, int], private: bool
 ) -> None:
     """S18 S16: ENOSPC in the middle of a one-pass publication is a typed, retryable NO_SPACE report (never
     raised); no artifact, staging directory or deny marker is left; the next publication verifies fully."""
+    point, skip = seam
     _piece_bytes_seam(monkeypatch, 4096)
     holder = Pipeline(wan.canonical())
     context = identity_context(holder, wan.source())
@@ -141,7 +151,7 @@ def test_one_pass_publication_mid_write_enospc_is_typed_and_leaves_nothing(
     arm(point, Fault(FaultAction.PAUSE, times=skip))  # a PAUSE without a hook only counts a pass
     arm(point, Fault(FaultAction.RAISE_OSERROR, errno=errno.ENOSPC))
 
-    report = publish_canonical(runtime, context, holder.transformer)
+    report = publish_canonical(runtime, context, holder.transformer, model_is_private=private)
     disarm_all()
 
     assert report.status is PostLoadPublicationStatus.FAILED and report.failure is not None
@@ -149,7 +159,7 @@ def test_one_pass_publication_mid_write_enospc_is_typed_and_leaves_nothing(
     store = FilesystemHostWeightStore(runtime.config.root)
     for directory in (store.layout.artifacts, store.layout.tmp, store.layout.deny, store.layout.quarantine):
         assert os.listdir(directory) == [], directory
-    again = publish_canonical(runtime, context, holder.transformer)
+    again = publish_canonical(runtime, context, holder.transformer, model_is_private=private)
     assert again.status is PostLoadPublicationStatus.PUBLISHED, again.failure
     hit = store.lookup(context.identity, validation=ValidationLevel.FULL_CHECKSUM)
     assert hit.status is StoreStatus.HIT and hit.lease is not None, hit.failure

@@ -1,5 +1,7 @@
 """Writing a loaded model's tensors in one pass: each piece copied once into a private buffer, then
-written from that buffer and hashed from it on a second thread at the same time.
+written from that buffer and hashed from it on a second thread at the same time (or, for a model
+nobody else holds yet, hashed and written straight from its own memory, the hashing started before
+the file is preallocated).
 
 Nothing is read back from the payload file, and what is hashed is exactly what was written: both
 read the same private buffer, which is reused only after its write returned and its hash finished.
@@ -16,7 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..._digest import DigestAlgorithm, TreeHasher
+from ..._digest import DigestAlgorithm, TreeHasher, tree_digest
 from ...protocols import ArtifactWriter, TensorFileWriter, TensorWriteSpec
 from ..tensor_layout import FinalLayoutTensor
 from ._shards import ProgressCallback, TensorWriter, write_files
@@ -74,9 +76,16 @@ def write_live_files(
     live_tensor: LiveBytes,
     fallback: TensorWriter,
     progress: ProgressCallback | None = None,
+    *,
+    model_is_private: bool = False,
 ) -> None:
     """Write every planned file from the live tensors; a writer that cannot take caller digests gets `fallback`
-    (tensor by tensor, hashed by the writer)."""
+    (tensor by tensor, hashed by the writer).
+
+    `model_is_private`: the caller guarantees that nothing writes these tensors until the call returns (a load
+    publishing a model it has not handed out yet). Then no private copy is needed: each file's tensors are
+    hashed straight from their memory, starting before the file is preallocated, and written from it.
+    """
     if not isinstance(writer, _HashingArtifactWriter):
         write_files(writer, files, fallback, progress)
         return
@@ -87,15 +96,24 @@ def write_live_files(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-live-hash") as lane:
         pieces = _PieceWriter(lane, writer.chunk_bytes, writer.digest_algorithm, progress, total)
         for file_name, group in files:
+            values = {tensor.name: live_tensor(tensor) for tensor in group}
+            early = {name: pieces.hash_early(value) for name, value in values.items()} if model_is_private else {}
             specs = tuple(tensor.write_spec() for tensor in group)
             file_writer = writer.open_tensor_file(file_name, specs, ordered=True, caller_hashes=True)
             if not isinstance(file_writer, _CallerHashedFile):  # pragma: no cover - the store's files are
                 raise TypeError(f"{type(file_writer).__name__} cannot be closed with caller digests")
-            by_name = {tensor.name: tensor for tensor in group}
             digests = [
-                pieces.write(file_writer, spec.name, live_tensor(by_name[spec.name])) for spec in file_writer.layout
+                pieces.write_hashed(file_writer, spec.name, values[spec.name], early[spec.name])
+                if model_is_private
+                else pieces.write(file_writer, spec.name, values[spec.name])
+                for spec in file_writer.layout
             ]
             file_writer.close_hashed([digest.result() for digest in digests])
+
+
+def _flat_bytes(value: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as a flat uint8 tensor (a copy only when it is not contiguous)."""
+    return value.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
 
 
 class _PieceWriter:
@@ -124,7 +142,7 @@ class _PieceWriter:
     def write(self, file_writer: _CallerHashedFile, name: str, value: torch.Tensor) -> Future[str]:
         """Write all of `value` as the file's next tensor; the future gives its digest once every piece is hashed."""
         hasher = TreeHasher(self._chunk_bytes, self._algorithm)
-        flat = value.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+        flat = _flat_bytes(value)
         nbytes = flat.numel()
         pieces: list[Future[None]] = []
         if nbytes == 0:
@@ -145,6 +163,25 @@ class _PieceWriter:
                 if self._progress is not None:
                     self._progress(self._done, self._total)
         return self._lane.submit(_digest_after, pieces, hasher)  # the lane runs in order: after the last piece
+
+    def hash_early(self, value: torch.Tensor) -> Future[str]:
+        """The digest of a private tensor's bytes, hashed on the lane from its own memory."""
+        flat = _flat_bytes(value)
+        return self._lane.submit(tree_digest, flat.numpy().data, self._chunk_bytes, self._algorithm)
+
+    def write_hashed(
+        self, file_writer: _CallerHashedFile, name: str, value: torch.Tensor, digest: Future[str]
+    ) -> Future[str]:
+        """Write a private tensor (hashed by `hash_early`) straight from its memory."""
+        flat = _flat_bytes(value)
+        if flat.numel() == 0:
+            file_writer.write_tensor(name, value)
+        else:
+            file_writer.write_data(flat.numpy().data)
+        self._done += flat.numel()
+        if self._progress is not None:
+            self._progress(self._done, self._total)
+        return digest
 
     def _take(self, nbytes: int) -> tuple[int, memoryview]:
         """The next buffer in rotation, once its previous hash finished, as a view of `nbytes`."""

@@ -19,6 +19,9 @@ class FinalLayoutBF16Producer(SingleArtifactProducer):
 
     Reads the serving model and never modifies it; its tensors must already be in their
     final dtype and layout, or production fails instead of publishing something else.
+    `model_is_private=True` promises that nothing writes the model's tensors until `produce`
+    returns (`load_component` publishes a model it has not handed out yet): they are then hashed
+    and written straight from their memory instead of from a private copy of each piece.
     """
 
     def __init__(
@@ -28,9 +31,11 @@ class FinalLayoutBF16Producer(SingleArtifactProducer):
         *,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         progress: ProgressCallback | None = None,
+        model_is_private: bool = False,
     ) -> None:
         super().__init__(context, ProductionSourceMode.FINALIZED_MODEL, shard_bytes=shard_bytes, progress=progress)
         self._dit_modules = tuple(dit_modules)
+        self._model_is_private = model_is_private is True
 
     def produce(self, writer: ArtifactWriter) -> ProductionMetadata:
         context = self._context
@@ -47,7 +52,8 @@ class FinalLayoutBF16Producer(SingleArtifactProducer):
                 f"e.g. {differing[:5]}); it cannot be published under this key",
                 differing=len(differing),
             )
-        publish_live(writer, plan_shards(context.tensors, self._shard_bytes), self._dit_modules, self._progress)
+        files = plan_shards(context.tensors, self._shard_bytes)
+        publish_live(writer, files, self._dit_modules, self._progress, model_is_private=self._model_is_private)
         return self._finish()
 
 
@@ -56,6 +62,8 @@ def publish_live(
     files: Sequence[tuple[str, Sequence[FinalLayoutTensor]]],
     dit_modules: Sequence[tuple[str, torch.nn.Module]],
     progress: ProgressCallback | None = None,
+    *,
+    model_is_private: bool = False,
 ) -> None:
     """Write the serving model's tensors into the planned files in one pass (`write_live_files`)."""
     live = tensors_by_name(dit_modules)
@@ -65,6 +73,7 @@ def publish_live(
         lambda tensor: checked_live(tensor, live),
         lambda file_writer, tensor: write_live(file_writer, tensor, live),
         progress,
+        model_is_private=model_is_private,
     )
 
 
