@@ -12,7 +12,7 @@ manifest are byte-identical to the ones the read-back path writes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol, runtime_checkable
 
@@ -98,17 +98,37 @@ def write_live_files(
         for file_name, group in files:
             values = {tensor.name: live_tensor(tensor) for tensor in group}
             early = {name: pieces.hash_early(value) for name, value in values.items()} if model_is_private else {}
-            specs = tuple(tensor.write_spec() for tensor in group)
-            file_writer = writer.open_tensor_file(file_name, specs, ordered=True, caller_hashes=True)
-            if not isinstance(file_writer, _CallerHashedFile):  # pragma: no cover - the store's files are
-                raise TypeError(f"{type(file_writer).__name__} cannot be closed with caller digests")
-            digests = [
-                pieces.write_hashed(file_writer, spec.name, values[spec.name], early[spec.name])
-                if model_is_private
-                else pieces.write(file_writer, spec.name, values[spec.name])
-                for spec in file_writer.layout
-            ]
-            file_writer.close_hashed([digest.result() for digest in digests])
+            try:
+                _write_file(writer, pieces, file_name, group, values=values, early=early)
+            except BaseException:
+                for digest in early.values():
+                    digest.cancel()  # a failed file hashes no further tensor before the failure is reported
+                raise
+
+
+def _write_file(
+    writer: _HashingArtifactWriter,
+    pieces: _PieceWriter,
+    file_name: str,
+    group: Sequence[FinalLayoutTensor],
+    *,
+    values: Mapping[str, torch.Tensor],
+    early: Mapping[str, Future[str]],
+) -> None:
+    """Open one caller-hashed payload file, write its tensors in layout order, close it with their digests.
+
+    `early`: the digests of a private model's tensors, already being hashed (empty: copy piece by piece)."""
+    specs = tuple(tensor.write_spec() for tensor in group)
+    file_writer = writer.open_tensor_file(file_name, specs, ordered=True, caller_hashes=True)
+    if not isinstance(file_writer, _CallerHashedFile):  # pragma: no cover - the store's files are
+        raise TypeError(f"{type(file_writer).__name__} cannot be closed with caller digests")
+    digests = [
+        pieces.write_hashed(file_writer, spec.name, values[spec.name], early[spec.name])
+        if early
+        else pieces.write(file_writer, spec.name, values[spec.name])
+        for spec in file_writer.layout
+    ]
+    file_writer.close_hashed([digest.result() for digest in digests])
 
 
 def _flat_bytes(value: torch.Tensor) -> torch.Tensor:
