@@ -34,7 +34,9 @@ def publish_after_canonical_load(
 ) -> PostLoadPublicationReport:
     """Publish the canonically loaded model's tensors under the context's identity; every outcome is a report."""
     producer_class = FinalLayoutFP8Producer if fp8 else FinalLayoutBF16Producer
-    return runtime.publish_after_load(context.identity, producer_class(context, [(component_name, model)]))
+    # The model is not handed out before this returns, so nothing else can write it while it is published.
+    producer = producer_class(context, [(component_name, model)], model_is_private=True)
+    return runtime.publish_after_load(context.identity, producer)
 
 
 def require_safetensors(skeleton: ComponentSkeleton, what: str, instead: str) -> None:

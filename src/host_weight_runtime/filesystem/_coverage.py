@@ -131,7 +131,13 @@ def claims_of(
     if not placements or end < begin or end > placements[-1].end:
         raise producer_failed(f"{file_name}: data bytes {begin}..{end} run past its tensors", file=file_name)
     claims: list[tuple[RowCoverage, int, int]] = []
-    for placement in placements:
+    # Placements are contiguous in offset order: start at the first that ends after `begin` (a bisection, so
+    # a file of many tensors written piece by piece costs O(log n) per piece, not a scan of every tensor).
+    first = bisect.bisect_right(placements, begin, key=_end_of)
+    for index in range(first, len(placements)):
+        placement = placements[index]
+        if placement.begin >= end:
+            break
         low, high = max(begin, placement.begin), min(end, placement.end)
         if low >= high:
             continue
@@ -145,3 +151,7 @@ def claims_of(
         first, stop = (low - placement.begin) // row_bytes, (high - placement.begin) // row_bytes
         claims.append((coverage[placement.spec.name], first, stop))
     return claims
+
+
+def _end_of(placement: Placement) -> int:
+    return placement.end

@@ -17,9 +17,8 @@ from ...outcomes import PostLoadPublicationReport, PostLoadPublicationStatus
 from ...protocols import ArtifactWriter, ProductionMetadata, ProductionSourceMode, WeightProductionSpec
 from ...runtime import HostWeightRuntime
 from ..identity_adapter import discover_final_layout
-from ..producers._shards import DEFAULT_SHARD_BYTES, producer_error, production_metadata, production_spec, write_files
-from ..producers.finalized import write_live
-from ..tensor_layout import tensors_by_name
+from ..producers._shards import DEFAULT_SHARD_BYTES, producer_error, production_metadata, production_spec
+from ..producers.finalized import publish_live
 from .parts import PartKind, RankParts, part_file_plan
 
 __all__ = ["FinalLayoutPartProducer", "publish_parts_after_load"]
@@ -56,12 +55,7 @@ class FinalLayoutPartProducer:
                 "the loaded model does not match this rank's layout (localize it to the rank first); it cannot be "
                 "published under this key",
             )
-        live = tensors_by_name(self._dit_modules)
-        write_files(
-            writer,
-            part_file_plan(part.tensors, self._shard_bytes, self._kind),
-            lambda file_writer, tensor: write_live(file_writer, tensor, live),
-        )
+        publish_live(writer, part_file_plan(part.tensors, self._shard_bytes, self._kind), self._dit_modules)
         rank.ensure_sources_unchanged()
         return production_metadata(part, ProductionSourceMode.FINALIZED_MODEL.value)
 

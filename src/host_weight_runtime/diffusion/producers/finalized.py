@@ -1,4 +1,4 @@
-"""Post-load publication: the finalized CPU model's tensors, written as they serve."""
+"""Post-load publication: the finalized CPU model's tensors, written as they serve (in one pass, `_live_write`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from ...failures import FailureCode
 from ...protocols import ArtifactWriter, ProductionMetadata, ProductionSourceMode, TensorFileWriter
 from ..identity_adapter import FinalLayoutIdentityContext, discover_final_layout
 from ..tensor_layout import FinalLayoutTensor, tensors_by_name
-from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, SingleArtifactProducer, producer_error, write_all
+from ._live_write import write_live_files
+from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, SingleArtifactProducer, plan_shards, producer_error
 
 
 class FinalLayoutBF16Producer(SingleArtifactProducer):
@@ -18,6 +19,9 @@ class FinalLayoutBF16Producer(SingleArtifactProducer):
 
     Reads the serving model and never modifies it; its tensors must already be in their
     final dtype and layout, or production fails instead of publishing something else.
+    `model_is_private=True` promises that nothing writes the model's tensors until `produce`
+    returns (`load_component` publishes a model it has not handed out yet): they are then hashed
+    and written straight from their memory instead of from a private copy of each piece.
     """
 
     def __init__(
@@ -27,9 +31,11 @@ class FinalLayoutBF16Producer(SingleArtifactProducer):
         *,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         progress: ProgressCallback | None = None,
+        model_is_private: bool = False,
     ) -> None:
         super().__init__(context, ProductionSourceMode.FINALIZED_MODEL, shard_bytes=shard_bytes, progress=progress)
         self._dit_modules = tuple(dit_modules)
+        self._model_is_private = model_is_private is True
 
     def produce(self, writer: ArtifactWriter) -> ProductionMetadata:
         context = self._context
@@ -46,19 +52,38 @@ class FinalLayoutBF16Producer(SingleArtifactProducer):
                 f"e.g. {differing[:5]}); it cannot be published under this key",
                 differing=len(differing),
             )
-        live = tensors_by_name(self._dit_modules)
-        write_all(
-            writer,
-            context,
-            self._shard_bytes,
-            lambda file_writer, tensor: write_live(file_writer, tensor, live),
-            self._progress,
-        )
+        files = plan_shards(context.tensors, self._shard_bytes)
+        publish_live(writer, files, self._dit_modules, self._progress, model_is_private=self._model_is_private)
         return self._finish()
 
 
+def publish_live(
+    writer: ArtifactWriter,
+    files: Sequence[tuple[str, Sequence[FinalLayoutTensor]]],
+    dit_modules: Sequence[tuple[str, torch.nn.Module]],
+    progress: ProgressCallback | None = None,
+    *,
+    model_is_private: bool = False,
+) -> None:
+    """Write the serving model's tensors into the planned files in one pass (`write_live_files`)."""
+    live = tensors_by_name(dit_modules)
+    write_live_files(
+        writer,
+        files,
+        lambda tensor: checked_live(tensor, live),
+        lambda file_writer, tensor: write_live(file_writer, tensor, live),
+        progress,
+        model_is_private=model_is_private,
+    )
+
+
 def write_live(file_writer: TensorFileWriter, tensor: FinalLayoutTensor, live: Mapping[str, torch.Tensor]) -> None:
-    """Write the serving model's tensor as it is; one not on the host in its final dtype fails the production."""
+    """Write the serving model's tensor as it is (the writer hashes it behind)."""
+    file_writer.write_tensor(tensor.name, checked_live(tensor, live))
+
+
+def checked_live(tensor: FinalLayoutTensor, live: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The serving model's tensor for `tensor`; one not on the host in its final dtype fails the production."""
     value = live[tensor.name].detach()
     if value.device.type != "cpu" or value.dtype != tensor.dtype:
         raise producer_error(
@@ -67,4 +92,4 @@ def write_live(file_writer: TensorFileWriter, tensor: FinalLayoutTensor, live: M
             f"already in their final dtype {tensor.dtype}",
             tensor=tensor.name,
         )
-    file_writer.write_tensor(tensor.name, value)
+    return value
