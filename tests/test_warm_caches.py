@@ -21,11 +21,13 @@ from host_weight_runtime.diffusion._ownership_plans import OWNERSHIP_PLANS
 from host_weight_runtime.diffusion.component_source import ComponentLocation
 from host_weight_runtime.diffusion.contracts import FinalLayoutParallelIdentity
 from host_weight_runtime.diffusion.identity_adapter import discover_final_layout
+from host_weight_runtime.diffusion.producers.finalized import FinalLayoutBF16Producer
 from host_weight_runtime.diffusion.representation import quantize_model_fp8, tensor_policy
 from host_weight_runtime.diffusion.skeleton import ComponentSkeleton, identify_component, prepare_skeleton
 from host_weight_runtime.failures import FailureCode
 from host_weight_runtime.identity import RuntimeWeightLayout
 from host_weight_runtime.manifest import MANIFEST_FILE_NAME, PARSED_MANIFESTS, ParsedManifests, WeightManifest
+from host_weight_runtime.outcomes import CleanupStatus, PostLoadPublicationStatus, ResolutionOutcome
 
 from ._diffusion import DIT, runtime_at, save_folder
 from ._hostile import reseal, writable
@@ -168,3 +170,49 @@ def test_a_second_load_in_one_process_restores_the_same_bytes(tmp_path: Path) ->
             leased = {t.data_ptr() for t in warm.lease.tensors.values()}
             assert all(t.data_ptr() in leased for t in warm.model.parameters())
     assert OWNERSHIP_PLANS.hits > hits[0] and PARSED_MANIFESTS.hits > hits[1]
+
+
+def test_an_evicted_then_republished_artifact_is_served_from_disk_not_from_the_process_caches(
+    tmp_path: Path,
+) -> None:
+    """S02/D14: after warm loads filled this process's caches, the artifact is cleaned up: the next load misses
+    and loads canonically (nothing is answered from memory); republished under the same key with other shards (other
+    manifest bytes), the next warm load holds the new manifest and views the new mappings, bit-identical to
+    canonical."""
+    folder = save_folder(tmp_path / "model", "flux")
+    runtime = runtime_at(tmp_path / "domain")
+    with load_component(folder.root, subfolder=DIT, runtime=runtime) as cold:
+        assert cold.load_path is ComponentLoadPath.CANONICAL
+    with load_component(folder.root, subfolder=DIT, runtime=runtime) as warm:
+        assert warm.load_path is ComponentLoadPath.ARTIFACT and warm.lease is not None
+        first_manifest = warm.lease.manifest
+        key = warm.lease.identity.key
+    store = FilesystemHostWeightStore(tmp_path / "domain")
+    assert store.cleanup(key).status is CleanupStatus.REMOVED
+
+    with load_component(folder.root, subfolder=DIT, runtime=runtime) as after_eviction:
+        assert after_eviction.outcome is not ResolutionOutcome.LOCAL_HIT  # the lookup missed: nothing from memory
+        assert after_eviction.load_path is ComponentLoadPath.CANONICAL and after_eviction.lease is None
+    assert store.cleanup(key).status is CleanupStatus.REMOVED  # what that load published goes too
+
+    canonical = folder.canonical()
+    identified = identify_component(_skeleton(folder.root), runtime)
+    assert identified.context.identity.key == key
+    republished = runtime.publish_after_load(
+        identified.context.identity,
+        FinalLayoutBF16Producer(identified.context, [(DIT, canonical)], shard_bytes=16 * 1024),
+    )
+    assert republished.status is PostLoadPublicationStatus.PUBLISHED, republished.failure
+    on_disk = (store.layout.artifact_dir(key) / MANIFEST_FILE_NAME).read_bytes()
+
+    with load_component(folder.root, subfolder=DIT, runtime=runtime) as again:
+        assert again.load_path is ComponentLoadPath.ARTIFACT and again.lease is not None
+        assert again.lease.manifest == WeightManifest.from_bytes(on_disk)
+        assert again.lease.manifest != first_manifest
+        assert len({entry.file for entry in again.lease.manifest.tensors}) > 1
+        leased = {t.data_ptr() for t in again.lease.tensors.values()}
+        assert all(t.data_ptr() in leased for t in again.model.parameters())
+        expected = dict(canonical.state_dict())
+        got = dict(again.model.state_dict())
+        assert got.keys() == expected.keys()
+        assert all(torch.equal(got[name], expected[name]) for name in expected)
