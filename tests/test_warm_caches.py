@@ -21,11 +21,14 @@ from host_weight_runtime.diffusion._ownership_plans import OWNERSHIP_PLANS
 from host_weight_runtime.diffusion.component_source import ComponentLocation
 from host_weight_runtime.diffusion.contracts import FinalLayoutParallelIdentity
 from host_weight_runtime.diffusion.identity_adapter import discover_final_layout
+from host_weight_runtime.diffusion.producers.finalized import FinalLayoutBF16Producer
 from host_weight_runtime.diffusion.representation import quantize_model_fp8, tensor_policy
+from host_weight_runtime.diffusion.restorer import CHECKED_LAYOUTS
 from host_weight_runtime.diffusion.skeleton import ComponentSkeleton, identify_component, prepare_skeleton
-from host_weight_runtime.failures import FailureCode
+from host_weight_runtime.failures import FailureCode, HostWeightError
 from host_weight_runtime.identity import RuntimeWeightLayout
 from host_weight_runtime.manifest import MANIFEST_FILE_NAME, PARSED_MANIFESTS, ParsedManifests, WeightManifest
+from host_weight_runtime.outcomes import CleanupStatus, PostLoadPublicationStatus, ResolutionOutcome
 
 from ._diffusion import DIT, runtime_at, save_folder
 from ._hostile import reseal, writable
@@ -158,7 +161,7 @@ def test_a_second_load_in_one_process_restores_the_same_bytes(tmp_path: Path) ->
     canonical = folder.canonical()
     expected = dict(canonical.state_dict())
     for _ in range(2):
-        hits = (OWNERSHIP_PLANS.hits, PARSED_MANIFESTS.hits)
+        hits = (OWNERSHIP_PLANS.hits, PARSED_MANIFESTS.hits, CHECKED_LAYOUTS.hits)
         with load_component(folder.root, subfolder=DIT, runtime=runtime) as warm:
             assert warm.load_path is ComponentLoadPath.ARTIFACT
             got = dict(warm.model.state_dict())
@@ -167,4 +170,81 @@ def test_a_second_load_in_one_process_restores_the_same_bytes(tmp_path: Path) ->
             assert warm.lease is not None
             leased = {t.data_ptr() for t in warm.lease.tensors.values()}
             assert all(t.data_ptr() in leased for t in warm.model.parameters())
-    assert OWNERSHIP_PLANS.hits > hits[0] and PARSED_MANIFESTS.hits > hits[1]
+    assert OWNERSHIP_PLANS.hits > hits[0] and PARSED_MANIFESTS.hits > hits[1] and CHECKED_LAYOUTS.hits > hits[2]
+
+
+def test_a_manifest_is_checked_once_per_object_and_never_answers_for_another(tmp_path: Path) -> None:
+    """D12: a restore reuses the check of the very manifest object it checked before; an equal manifest parsed
+    apart, or one another artifact holds, is checked afresh, and a manifest that fails its check is never kept."""
+    folder = save_folder(tmp_path / "model", "flux")
+    runtime = runtime_at(tmp_path / "domain")
+    with load_component(folder.root, subfolder=DIT, runtime=runtime) as cold:
+        assert cold.load_path is ComponentLoadPath.CANONICAL
+    context = identify_component(_skeleton(folder.root), runtime).context
+    with load_component(folder.root, subfolder=DIT, runtime=runtime) as warm:
+        assert warm.lease is not None
+        manifest = warm.lease.manifest
+    schema = manifest.restorer_schema
+    first = CHECKED_LAYOUTS.rows(schema, context, manifest)
+    counts = (CHECKED_LAYOUTS.hits, CHECKED_LAYOUTS.checks)
+    assert CHECKED_LAYOUTS.rows(schema, context, manifest) is first
+    assert (CHECKED_LAYOUTS.hits, CHECKED_LAYOUTS.checks) == (counts[0] + 1, counts[1])
+    apart = WeightManifest.from_bytes(manifest.to_bytes())
+    assert apart == manifest and apart is not manifest
+    assert CHECKED_LAYOUTS.rows(schema, context, apart) == first
+    assert CHECKED_LAYOUTS.checks == counts[1] + 1
+
+    entries = list(manifest.tensors)
+    entries[0] = dataclasses.replace(entries[0], role="another-role")
+    altered = dataclasses.replace(manifest, tensors=tuple(entries))
+    for _ in range(2):
+        with pytest.raises(HostWeightError) as refused:
+            CHECKED_LAYOUTS.rows(schema, context, altered)
+        assert refused.value.failure.code is FailureCode.RESTORE_FAILED
+    assert CHECKED_LAYOUTS.checks == counts[1] + 1
+
+
+def test_an_evicted_then_republished_artifact_is_served_from_disk_not_from_the_process_caches(
+    tmp_path: Path,
+) -> None:
+    """S02/D14: after warm loads filled this process's caches, the artifact is cleaned up: the next load misses
+    and loads canonically (nothing is answered from memory); republished under the same key with other shards (other
+    manifest bytes), the next warm load holds the new manifest and views the new mappings, bit-identical to
+    canonical."""
+    folder = save_folder(tmp_path / "model", "flux")
+    runtime = runtime_at(tmp_path / "domain")
+    with load_component(folder.root, subfolder=DIT, runtime=runtime) as cold:
+        assert cold.load_path is ComponentLoadPath.CANONICAL
+    with load_component(folder.root, subfolder=DIT, runtime=runtime) as warm:
+        assert warm.load_path is ComponentLoadPath.ARTIFACT and warm.lease is not None
+        first_manifest = warm.lease.manifest
+        key = warm.lease.identity.key
+    store = FilesystemHostWeightStore(tmp_path / "domain")
+    assert store.cleanup(key).status is CleanupStatus.REMOVED
+
+    with load_component(folder.root, subfolder=DIT, runtime=runtime) as after_eviction:
+        assert after_eviction.outcome is not ResolutionOutcome.LOCAL_HIT  # the lookup missed: nothing from memory
+        assert after_eviction.load_path is ComponentLoadPath.CANONICAL and after_eviction.lease is None
+    assert store.cleanup(key).status is CleanupStatus.REMOVED  # what that load published goes too
+
+    canonical = folder.canonical()
+    identified = identify_component(_skeleton(folder.root), runtime)
+    assert identified.context.identity.key == key
+    republished = runtime.publish_after_load(
+        identified.context.identity,
+        FinalLayoutBF16Producer(identified.context, [(DIT, canonical)], shard_bytes=16 * 1024),
+    )
+    assert republished.status is PostLoadPublicationStatus.PUBLISHED, republished.failure
+    on_disk = (store.layout.artifact_dir(key) / MANIFEST_FILE_NAME).read_bytes()
+
+    with load_component(folder.root, subfolder=DIT, runtime=runtime) as again:
+        assert again.load_path is ComponentLoadPath.ARTIFACT and again.lease is not None
+        assert again.lease.manifest == WeightManifest.from_bytes(on_disk)
+        assert again.lease.manifest != first_manifest
+        assert len({entry.file for entry in again.lease.manifest.tensors}) > 1
+        leased = {t.data_ptr() for t in again.lease.tensors.values()}
+        assert all(t.data_ptr() in leased for t in again.model.parameters())
+        expected = dict(canonical.state_dict())
+        got = dict(again.model.state_dict())
+        assert got.keys() == expected.keys()
+        assert all(torch.equal(got[name], expected[name]) for name in expected)

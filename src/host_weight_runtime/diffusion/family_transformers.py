@@ -5,11 +5,12 @@ code wherever it decides bytes: the class comes from `model_index.json` (as diff
 pipeline) or the config's `architectures`; the skeleton is built under `get_init_context` (on
 `meta`, default dtype `dtype`, ties not applied); the checkpoint's keys are renamed with the
 model's own conversion mapping; ties follow `tie_weights`' symmetric rule (the tensor the
-checkpoint holds owns the tie, the other name is a keyed alias); and a hit is restored by
-`from_pretrained(None, config=..., state_dict=<the lease's tensors>, dtype=...)`, which
-binds them without copying, ties, builds non-persistent buffers and finishes the model as a
-canonical load does. The restored model is then checked: every owned tensor must be the
-lease's very tensor, every alias its owner's.
+checkpoint holds owns the tie, the other name is a keyed alias); and a hit finishes that same
+skeleton with the steps `from_pretrained(state_dict=<the lease's tensors>, dtype=...)` runs after
+it builds a model (transformers' state-dict load, which binds them without copying, then its
+finalization: non-persistent buffers, ties, evaluation mode), so the model is built once. The
+restored model is then checked: every owned tensor must be the lease's very tensor, every alias
+its owner's.
 """
 
 from __future__ import annotations
@@ -157,6 +158,8 @@ class TransformersFamily:
         self, model_class: type[Any], resolved_root: Path, name_or_path: str, dtype: torch.dtype = torch.bfloat16
     ) -> torch.nn.Module:
         """The model as `from_pretrained(dtype=dtype)` constructs it: every tensor on `meta`, ties not applied yet."""
+        from transformers.monkey_patching import patch_output_recorders
+
         config = self.load_config(model_class, resolved_root)
         config.dtype = dtype  # what from_pretrained's dtype resolution records, on the config and its sub-configs
         for key in getattr(config, "sub_configs", {}):
@@ -169,6 +172,7 @@ class TransformersFamily:
                 for context in model_class.get_init_context(dtype, False, False, False):
                     stack.enter_context(context)
                 model = model_class(config)
+                patch_output_recorders(model)  # as from_pretrained does right after construction
         except _BROKEN_CONFIG_ERRORS as exc:
             raise usage_error(
                 f"{resolved_root / 'config.json'} does not describe a buildable {model_class.__name__} "
@@ -353,34 +357,55 @@ def _check_bound(model: torch.nn.Module, context: FinalLayoutIdentityContext, le
             raise restore_error(f"{local_alias} is not tied to {local_owner} after restore", tensor=alias, dit=dit)
 
 
+def _finish_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    """What `from_pretrained(state_dict=...)` does after it built the model, done on the skeleton built once.
+
+    transformers' own steps, in its order: its dtype plan and weight conversions, the state-dict load
+    (which binds the given tensors without a copy), then its finalization (non-persistent buffers off
+    `meta`, initialization of anything still missing, ties), evaluation mode and no kernels.
+    """
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.modeling_utils import LoadStateDictConfig
+
+    model_class: Any = type(model)
+    pretrained: Any = model
+    conversions: Any = get_model_conversion_mapping(pretrained, None, None)  # what from_pretrained passes
+    plan = pretrained._get_dtype_plan(dtype)
+    load_config = LoadStateDictConfig(dtype=dtype, dtype_plan=plan, weight_mapping=conversions)
+    loading_info, _offload = model_class._load_pretrained_model(pretrained, state, None, load_config)
+    model_class._finalize_model_loading(pretrained, load_config, loading_info)
+    model.eval()
+    pretrained.set_use_kernels(False, None)
+
+
 def restore_from_lease(
     context: FinalLayoutIdentityContext,
     holder: torch.nn.Module,
+    model: torch.nn.Module,
     lease: HostWeightLease,
     *,
-    model_class: type[Any],
     source: PreparedWeightSource,
-    name_or_path: str,
     dtype: torch.dtype,
 ) -> torch.nn.Module:
-    """A model that `from_pretrained` finishes from the lease's tensors, checked to hold them without a copy."""
+    """The identity's own skeleton finished by transformers from the lease's tensors, checked to hold them uncopied.
+
+    The skeleton is the model `from_pretrained` would build (`build_skeleton`), so it is finished in
+    place rather than built a second time; a model whose restore failed must be discarded.
+    """
     TransformersLeaseRestorer(context)._plan_on_identity_skeleton(holder, lease)  # validation only: binds nothing
     context.ensure_sources_unchanged()
     leased = lease.tensors
     state = {tensor.local_name: leased[tensor.name] for tensor in context.tensors}
-    config = TRANSFORMERS_FAMILY.load_config(model_class, source.resolved_root)
     try:
-        model = model_class.from_pretrained(None, config=config, state_dict=state, dtype=dtype, local_files_only=True)
+        _finish_from_state(model, state, dtype)
     except (OSError, *_BROKEN_CONFIG_ERRORS) as exc:
-        raise restore_error(f"transformers could not build the model from the artifact's tensors: {exc}") from exc
-    model.config.name_or_path = name_or_path
-    if hasattr(model, "adjust_generation_fn") and model.can_generate():  # generation_config.json, as a canonical load
-        model.adjust_generation_fn(
+        raise restore_error(f"transformers could not finish the model from the artifact's tensors: {exc}") from exc
+    pretrained: Any = model
+    if hasattr(pretrained, "adjust_generation_fn") and pretrained.can_generate():  # generation_config.json
+        pretrained.adjust_generation_fn(
             None, False, None, str(source.resolved_root), None, False, None, True, None, None, "", None
         )
     _check_bound(model, context, lease)
-    if not isinstance(model, torch.nn.Module):
-        raise restore_error(f"{model_class.__name__}.from_pretrained returned {type(model).__name__}")
     for contract in context.model_contracts:
         try:
             contract.validator(model)

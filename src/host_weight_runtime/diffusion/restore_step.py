@@ -30,17 +30,11 @@ def restore_into_skeleton(
     """Plan (mutating nothing), commit once, and anchor the lease on the model; raises HostWeightError.
 
     A transformers component is validated the same way and then finished by transformers itself from
-    the lease's tensors (a new model, checked to hold them without a copy); the skeleton is left alone.
+    the lease's tensors, in place on the same skeleton (checked to hold them without a copy).
     """
     if skeleton.family.family_name is ModelFamilyName.TRANSFORMERS:
         model = restore_from_lease(
-            context,
-            skeleton.holder,
-            lease,
-            model_class=skeleton.model_class,
-            source=skeleton.source,
-            name_or_path=skeleton.location.name_or_path,
-            dtype=skeleton.options.dtype,
+            context, skeleton.holder, skeleton.model, lease, source=skeleton.source, dtype=skeleton.options.dtype
         )
         anchor_lease(model, lease)
         return model

@@ -9,7 +9,8 @@ failed must be discarded.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,11 +18,20 @@ import torch
 from ..canonical_json import CanonicalJson, JsonValue
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage
 from ..lease import HostWeightLease
+from ..manifest import WeightManifest
 from ..tensors import TensorKind, dtype_code
 from .contracts import FINAL_LAYOUT_TENSOR_RESTORER_SCHEMA
 from .identity_adapter import FinalLayoutIdentityContext, discover_final_layout_tensors
 
-__all__ = ["FinalLayoutTensorRestorePlan", "FinalLayoutTensorRestorer", "dit_modules_of"]
+__all__ = [
+    "CHECKED_LAYOUTS",
+    "CheckedLayouts",
+    "FinalLayoutTensorRestorePlan",
+    "FinalLayoutTensorRestorer",
+    "dit_modules_of",
+]
+
+_CHECKED_LAYOUTS_KEPT = 32
 
 
 def restore_error(message: str, **details: JsonValue) -> HostWeightError:
@@ -194,40 +204,20 @@ class FinalLayoutTensorRestorer:
                 "the model's tensors do not match the identity's tensor contract; build the identity on this model",
             )
         leased = lease.tensors
-        manifest_names = {entry.name for entry in manifest.tensors}
-        missing = sorted(context.tensor_names - manifest_names)
-        extra = sorted(manifest_names - context.tensor_names)
-        if missing or extra:
-            raise restore_error(
-                f"the artifact covers the model incompletely: {len(missing)} missing (e.g. {missing[:5]}), "
-                f"{len(extra)} unexpected (e.g. {extra[:5]})",
-                missing=len(missing),
-                unexpected=len(extra),
-            )
         submodules = {name: dict(module.named_modules()) for name, module in dit_modules}
         bindings: list[_Binding] = []
-        for tensor in context.tensors:
-            entry = manifest.tensor(tensor.name)
-            value = leased[tensor.name]
-            if (
-                entry.shape != tensor.shape
-                or entry.dtype != dtype_code(tensor.dtype)
-                or entry.kind is not tensor.kind
-                or entry.role != tensor.role
-                or tuple(value.shape) != tensor.shape
-                or value.dtype != tensor.dtype
-            ):
+        for row in CHECKED_LAYOUTS.rows(self.schema, context, manifest):
+            value = leased[row.name]
+            if value.shape != row.shape or value.dtype != row.dtype:
                 raise restore_error(
-                    f"{tensor.name}: the artifact holds {entry.kind.value} {entry.role} {entry.dtype} "
-                    f"{list(entry.shape)}, the model needs {tensor.kind.value} {tensor.role} "
-                    f"{dtype_code(tensor.dtype)} {list(tensor.shape)}",
-                    tensor=tensor.name,
+                    f"{row.name}: the lease maps {value.dtype} {list(value.shape)}, the model needs "
+                    f"{row.dtype} {list(row.shape)}",
+                    tensor=row.name,
                 )
-            module_path, _, attribute = tensor.local_name.rpartition(".")
-            owner = submodules[tensor.dit_name].get(module_path)
+            owner = submodules[row.dit_name].get(row.module_path)
             if owner is None:
-                raise restore_error(f"{tensor.name}: the model has no submodule {module_path!r}", tensor=tensor.name)
-            bindings.append(_Binding(owner, attribute, tensor.kind, value, tensor.name))
+                raise restore_error(f"{row.name}: the model has no submodule {row.module_path!r}", tensor=row.name)
+            bindings.append(_Binding(owner, row.attribute, row.kind, value, row.name))
         ties = tuple(_tie(name, owner, submodules) for name, owner in sorted(context.aliases.items()))
         return FinalLayoutTensorRestorePlan(context, model, dit_modules, lease, tuple(bindings), ties=ties)
 
@@ -240,3 +230,97 @@ def _tie(name: str, owner: str, submodules: dict[str, dict[str, torch.nn.Module]
     if module is None:
         raise restore_error(f"{name}: the model has no submodule {module_path!r} for this tied tensor", tensor=name)
     return _Tie(module, attribute, owner)
+
+
+@dataclass(frozen=True, slots=True)
+class _CheckedRow:
+    """One tensor of a manifest checked against the tensor contract: where it binds and what the lease must map."""
+
+    name: str
+    dit_name: str
+    module_path: str
+    attribute: str
+    kind: TensorKind
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _check_manifest(context: FinalLayoutIdentityContext, manifest: WeightManifest) -> tuple[_CheckedRow, ...]:
+    """Coverage, shapes, dtypes, kinds and roles of `manifest` against the identity's tensor contract."""
+    manifest_names = {entry.name for entry in manifest.tensors}
+    missing = sorted(context.tensor_names - manifest_names)
+    extra = sorted(manifest_names - context.tensor_names)
+    if missing or extra:
+        raise restore_error(
+            f"the artifact covers the model incompletely: {len(missing)} missing (e.g. {missing[:5]}), "
+            f"{len(extra)} unexpected (e.g. {extra[:5]})",
+            missing=len(missing),
+            unexpected=len(extra),
+        )
+    rows: list[_CheckedRow] = []
+    for tensor in context.tensors:
+        entry = manifest.tensor(tensor.name)
+        if (
+            entry.shape != tensor.shape
+            or entry.dtype != dtype_code(tensor.dtype)
+            or entry.kind is not tensor.kind
+            or entry.role != tensor.role
+        ):
+            raise restore_error(
+                f"{tensor.name}: the artifact holds {entry.kind.value} {entry.role} {entry.dtype} "
+                f"{list(entry.shape)}, the model needs {tensor.kind.value} {tensor.role} "
+                f"{dtype_code(tensor.dtype)} {list(tensor.shape)}",
+                tensor=tensor.name,
+            )
+        module_path, _, attribute = tensor.local_name.rpartition(".")
+        rows.append(
+            _CheckedRow(tensor.name, tensor.dit_name, module_path, attribute, tensor.kind, tensor.shape, tensor.dtype)
+        )
+    return tuple(rows)
+
+
+class CheckedLayouts:
+    """Per process: a manifest checked once against the tensor contract of an identity key, for every later restore.
+
+    The manifest object is the one `PARSED_MANIFESTS` hands every lookup of the same exact bytes,
+    and each entry keeps it, so an entry answers only for that very object (other bytes, another
+    publication or a re-sealed manifest is another object and is checked afresh). The identity key
+    covers the tensor contract, so the same key means the same contract. What a lease maps is still
+    compared tensor by tensor on every restore.
+    """
+
+    __slots__ = ("_guard", "_kept", "_limit", "checks", "hits")
+
+    def __init__(self, limit: int = _CHECKED_LAYOUTS_KEPT) -> None:
+        self._limit = limit
+        self._kept: OrderedDict[Hashable, tuple[WeightManifest, tuple[_CheckedRow, ...]]] = OrderedDict()
+        self._guard = threading.Lock()
+        self.hits = 0
+        self.checks = 0
+
+    def rows(
+        self, schema: str, context: FinalLayoutIdentityContext, manifest: WeightManifest
+    ) -> tuple[_CheckedRow, ...]:
+        """The checked rows of `manifest` for `context`; raises the restore error a failed check gives."""
+        key = (schema, context.identity.key, id(manifest))
+        with self._guard:
+            found = self._kept.get(key)
+            if found is not None and found[0] is manifest:
+                self._kept.move_to_end(key)
+                self.hits += 1
+                return found[1]
+        rows = _check_manifest(context, manifest)
+        with self._guard:
+            self.checks += 1
+            self._kept[key] = (manifest, rows)
+            while len(self._kept) > self._limit:
+                self._kept.popitem(last=False)
+        return rows
+
+    def clear(self) -> None:
+        with self._guard:
+            self._kept.clear()
+
+
+CHECKED_LAYOUTS = CheckedLayouts()
+"""This process's manifests checked against tensor contracts (what a restore of an artifact loaded before skips)."""
