@@ -60,6 +60,7 @@ class TensorFileOwner(Protocol):
 
     def _check_open(self) -> None: ...
 
+
 _FILE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 _FILE_MODE = 0o600
 
@@ -571,4 +572,3 @@ class StagingTensorFileWriter:
             self._closed = True
             self._hasher.drain()
             self._release_fd()
-

@@ -6,6 +6,7 @@ check that an entry makes its owned tensor, and this rank's rows of an entry in 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from types import TracebackType
@@ -90,7 +91,8 @@ class CheckpointStreamProducer(SingleArtifactProducer):
                 write_tensor(file_writer, tensor, entry, files.fd(entry))
 
             try:
-                write_all(writer, context, self._shard_bytes, write_one, self._progress)
+                with one_intraop_thread():
+                    write_all(writer, context, self._shard_bytes, write_one, self._progress)
             except CheckpointFormatError as exc:
                 raise producer_error(FailureCode.PRODUCER_FAILED, str(exc)) from exc
         return self._finish()
@@ -120,6 +122,27 @@ class CheckpointStreamProducer(SingleArtifactProducer):
             self.largest_chunk_bytes = max(self.largest_chunk_bytes, rows.numel() * rows.element_size())
             yield local_row, rows
             del rows  # the caller is done with it: a mapped chunk is unmapped before the next is read
+
+
+@contextlib.contextmanager
+def one_intraop_thread() -> Iterator[None]:
+    """Cast on the calling thread alone while a stream runs, then restore its intra-op thread count.
+
+    The writer's lane writes and hashes each cast chunk on the second core; a torch intra-op worker
+    there would split each cast and then spin between casts, taking that core from the lane (on the
+    2-core VM the stream used about half the CPU with one intra-op thread). torch keeps the count per
+    thread once a thread has run a parallel op, so other such threads keep theirs; a thread that runs
+    its first parallel op while the stream runs starts with one.
+    """
+    previous = torch.get_num_threads()
+    if previous == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _local_row_chunks(
