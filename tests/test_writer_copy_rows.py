@@ -147,3 +147,48 @@ def test_copied_rows_are_hashed_behind_the_copy_and_never_read_back(tmp_path: Pa
     pieces = sum(-(-rows.shape[0] // 5) for rows, _dtype in _SOURCES.values())
     assert len(threads) == pieces
     assert all(name.startswith("hwr-hash-lane") for name in threads)
+
+
+@pytest.mark.parametrize("point", ["writer.pwrite", "writer.after_pwrite"])
+def test_s18_enospc_while_the_lane_writes_copied_rows_is_typed_and_leaves_nothing(tmp_path: Path, point: str) -> None:
+    """S18: copied rows are written by the hash lane, so an ENOSPC there surfaces from a later copy_rows or
+    from close as a typed, retryable NO_SPACE; the file is never accepted and the writer cannot finish."""
+    writer = new_writer(tmp_path, chunk_bytes=SMALL_CHUNK)
+    file_writer = writer.open_tensor_file("model.safetensors", _specs(), ordered=True)
+    assert isinstance(file_writer, RowCopyingTensorFileWriter)
+    with (
+        armed(point, Fault(FaultAction.RAISE_OSERROR, errno=errno.ENOSPC)),
+        pytest.raises(HostWeightError) as caught,
+    ):
+        for spec in file_writer.layout:
+            source, _dtype = _SOURCES[spec.name]
+            for start in range(0, source.shape[0], 5):
+                file_writer.copy_rows(spec.name, start, source[start : start + 5])
+        file_writer.close()
+    assert caught.value.code is FailureCode.NO_SPACE and caught.value.failure.retryable
+    assert writer.failure is not None and writer.failure.code is FailureCode.NO_SPACE
+    assert file_writer.result is None  # never accepted
+    with pytest.raises(HostWeightError) as finished:
+        writer.finish()
+    assert finished.value.code is FailureCode.NO_SPACE
+    writer.abort()
+
+
+def test_s05_copied_rows_are_written_on_the_lane_in_order_before_close_returns(tmp_path: Path) -> None:
+    """S05: the producer's thread only converts; every pwrite of copied rows runs on the hash lane, in the
+    file's order, and all of them are done when close returns (the fsynced file holds every byte)."""
+    writes: list[str] = []
+
+    def record(_point: str) -> None:
+        writes.append(threading.current_thread().name)
+
+    with armed("writer.pwrite", Fault(FaultAction.PAUSE, hook=record, times=1_000_000)):
+        writer, written = _write(tmp_path, copy=True)
+    pieces = sum(-(-rows.shape[0] // 5) for rows, _dtype in _SOURCES.values())
+    assert writes[0] == threading.current_thread().name  # the header, written when the file is created
+    assert len(writes) == 1 + pieces
+    assert all(name.startswith("hwr-hash-lane") for name in writes[1:])
+    _reference_writer, reference = _write(tmp_path / "reference", copy=False)
+    assert written == reference
+    path = writer.staging_dir / "model.safetensors"
+    assert path.read_bytes() == (_reference_writer.staging_dir / "model.safetensors").read_bytes()

@@ -1,5 +1,5 @@
-"""The one place the writer hashes payload bytes: rows converted by the writer are hashed in order on
-one lane thread from the buffer they were converted into (still in cache, never read back); other
+"""The one place the writer hashes payload bytes: rows converted by the writer are written and hashed in order
+on one lane thread from the buffer they were converted into (still in cache, never read back); other
 ordered writes are read back tensor by tensor on the pool behind the writes; unordered files from one mapping at close.
 """
 
@@ -46,9 +46,9 @@ def hash_file_range(
 class InOrderHashLane:
     """Tree digests of tensors whose bytes are handed over in order, hashed on one thread behind the writer.
 
-    The writer converts rows into a reused buffer, writes it and hands the lane that buffer: the
-    lane hashes it while it is still in cache (on the second core where there is one) as the next
-    chunk converts, and nothing is read back from the file later. One thread keeps each tensor's chunks in
+    The writer converts rows into a reused buffer and hands the lane that buffer: the lane writes it
+    to the file and hashes it while it is still in cache (on the second core where there is one) as
+    the next chunk converts, and nothing is read back from the file later. One thread keeps each tensor's chunks in
     order; the digest is the same tree digest a read-back would give (docs/DIGEST.md).
     """
 
@@ -62,10 +62,13 @@ class InOrderHashLane:
         self._last: Future[None] | None = None
         self._error: BaseException | None = None  # the first failed piece; later pieces are skipped
 
-    def feed(self, name: str, whole: memoryview, begin: int, end: int) -> Future[None]:
+    def feed(
+        self, name: str, whole: memoryview, begin: int, end: int, store: Callable[[], None] | None = None
+    ) -> Future[None]:
         """Hash bytes [begin, end) of `whole` as the next bytes of tensor `name`; done when the future is.
 
-        The caller keeps those bytes unchanged until then."""
+        `store`, when given, runs on the lane first (the writer's `pwrite` of those bytes), so the caller's
+        thread goes on converting the next chunk. The caller keeps the bytes unchanged until the future is done."""
         hasher = self._hashers.get(name)
         if hasher is None:
             hasher = self._hashers[name] = TreeHasher(self._chunk_bytes, self._algorithm)
@@ -73,13 +76,17 @@ class InOrderHashLane:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-hash-lane")
         if self._error is not None:
             raise self._error  # an earlier piece failed: stop the writer now rather than at close
-        self._last = self._pool.submit(self._hash_piece, hasher, whole, begin, end)
+        self._last = self._pool.submit(self._hash_piece, hasher, whole, begin, end, store)
         return self._last
 
-    def _hash_piece(self, hasher: TreeHasher, whole: memoryview, begin: int, end: int) -> None:
+    def _hash_piece(
+        self, hasher: TreeHasher, whole: memoryview, begin: int, end: int, store: Callable[[], None] | None
+    ) -> None:
         if self._error is not None:
             return
         try:
+            if store is not None:
+                store()
             fault_point("writer.hash")
             with whole[begin:end] as piece:
                 hasher.update(piece)

@@ -2,9 +2,9 @@
 
 A file is accepted at close only when every byte of every declared tensor was written exactly once.
 Rows arrive by `pwrite` (`write_tensor`, `write_rows`), or are converted by the writer itself
-(`copy_rows`: one pass, each chunk converted into a reused buffer, hashed from it behind the write, never
-read back from the file), or are copied by the kernel from another file (`copy_data`, for a caller that hashes
-the stored pages itself).
+(`copy_rows`: one pass, each chunk converted into a reused buffer, written and hashed from it on the lane
+thread, never read back from the file), or are copied by the kernel from another file (`copy_data`, for a
+caller that hashes the stored pages itself).
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import errno
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -25,6 +24,7 @@ from .._faults import fault_point
 from ..manifest import FileManifestEntry, TensorManifestEntry
 from ..protocols import TensorWriteSpec
 from ..tensors import contiguous_strides
+from ._cast_buffers import CastBuffers
 from ._coverage import RowCoverage, claims_of, rows_of_write
 from ._kernel_copy import StoredRange, kernel_copy
 from ._payload_hashing import PayloadHasher
@@ -59,6 +59,7 @@ class TensorFileOwner(Protocol):
     def _guarded(self, action: Callable[[], _T]) -> _T: ...
 
     def _check_open(self) -> None: ...
+
 
 _FILE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 _FILE_MODE = 0o600
@@ -185,7 +186,7 @@ class StagingTensorFileWriter:
         self._closed = False
         self._result: WrittenFile | None = None
         self._next_byte = 0  # ordered files: the data offset the next write must start at
-        self._cast: _CastBuffers | None = None  # made by the first copy_rows
+        self._cast: CastBuffers | None = None  # made by the first copy_rows
         self._coverage: dict[str, RowCoverage] = {
             placement.spec.name: RowCoverage(placement) for placement in layout.placements
         }
@@ -236,8 +237,9 @@ class StagingTensorFileWriter:
     def copy_rows(self, name: str, start_row: int, rows: torch.Tensor) -> None:
         """Convert `rows` (any dtype, `Tensor.copy_` rounding) straight into rows `start_row`.. of `name`.
 
-        Ordered files only: the rows are converted into one of two reused buffers, written, and
-        hashed from that buffer on the lane while the next chunk converts; nothing is read back.
+        Ordered files only: the rows are converted into one of two reused buffers, which the lane
+        writes and hashes while the next chunk converts; nothing is read back. A write failure
+        raises, typed, from a later call or from `close`.
         Every row of a tensor comes either from `copy_rows` or from `write_rows`, not both.
         """
         self._owner._guarded(lambda: self._copy(name, start_row, rows))
@@ -358,19 +360,22 @@ class StagingTensorFileWriter:
             try:
                 cast = self._cast
                 if cast is None:
-                    cast = self._cast = _CastBuffers()
+                    cast = self._cast = CastBuffers()
                 index, target = cast.take(end - begin)
                 target.view(placement.spec.dtype).view(rows.shape).copy_(rows)
                 data = target.numpy().data
-                self._pwrite(data, header + begin, name, start, stop)
             except BaseException:
                 coverage.pending.remove((start, stop))
                 raise
             coverage.pending.remove((start, stop))
-            coverage.mark_done(start, stop)
+            coverage.mark_done(start, stop)  # written by the lane; close() waits for it before the fsync
             self._next_byte = end
+
+            def store() -> None:
+                self._pwrite(data, header + begin, name, start, stop)
+
             try:
-                cast.hashed_by(index, self._hasher.lane.feed(name, data, 0, len(data)))
+                cast.hashed_by(index, self._hasher.lane.feed(name, data, 0, len(data), store))
             except OSError as exc:  # an earlier piece of this file failed to hash
                 raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
 
@@ -486,6 +491,7 @@ class StagingTensorFileWriter:
             self._closed = True
             try:
                 self._check_complete()
+                self._wait_lane()
                 try:
                     fault_point("writer.fsync")
                     os.fsync(self._fd)
@@ -498,6 +504,13 @@ class StagingTensorFileWriter:
             finally:
                 self._hasher.drain()
                 self._release_fd()
+
+    def _wait_lane(self) -> None:
+        """Every row `copy_rows` handed the lane is in the file (its write failure, typed, raises here)."""
+        try:
+            self._hasher.lane.wait()
+        except OSError as exc:  # a piece failed to hash
+            raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
 
     def _check_complete(self) -> None:
         for placement in self._layout.placements:
@@ -562,37 +575,3 @@ class StagingTensorFileWriter:
             self._closed = True
             self._hasher.drain()
             self._release_fd()
-
-
-class _CastBuffers:
-    """Two reusable buffers that `copy_rows` converts rows into: the lane hashes one while the next is filled.
-
-    Converting into a small buffer that is reused (so its pages stay mapped and mostly in cache) and
-    writing it with `pwrite` costs less CPU than converting into a shared mapping of a tmpfs file, whose
-    page tables and dirty tracking the kernel must fill for every page.
-    """
-
-    __slots__ = ("_buffers", "_next", "_pending")
-
-    def __init__(self) -> None:
-        self._buffers: list[torch.Tensor | None] = [None, None]
-        self._pending: list[Future[None] | None] = [None, None]
-        self._next = 0
-
-    def take(self, nbytes: int) -> tuple[int, torch.Tensor]:
-        """A buffer of `nbytes` (uint8) whose previous bytes are hashed already, and its index."""
-        import torch  # the caller holds a tensor, so this is a lookup; the module itself stays torch-free
-
-        index, self._next = self._next, self._next ^ 1
-        pending, self._pending[index] = self._pending[index], None
-        if pending is not None:
-            futures_wait([pending])  # its failure, if any, is raised by the lane's next feed or wait
-        buffer = self._buffers[index]
-        if buffer is None or buffer.numel() < nbytes:
-            self._buffers[index] = None  # free the smaller one first
-            buffer = self._buffers[index] = torch.empty(nbytes, dtype=torch.uint8)
-        return index, buffer[:nbytes]
-
-    def hashed_by(self, index: int, future: Future[None]) -> None:
-        """Buffer `index` may be reused only once `future` (its hash on the lane) is done."""
-        self._pending[index] = future

@@ -6,6 +6,7 @@ check that an entry makes its owned tensor, and this rank's rows of an entry in 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from types import TracebackType
@@ -90,7 +91,8 @@ class CheckpointStreamProducer(SingleArtifactProducer):
                 write_tensor(file_writer, tensor, entry, files.fd(entry))
 
             try:
-                write_all(writer, context, self._shard_bytes, write_one, self._progress)
+                with one_core_for_the_lane():
+                    write_all(writer, context, self._shard_bytes, write_one, self._progress)
             except CheckpointFormatError as exc:
                 raise producer_error(FailureCode.PRODUCER_FAILED, str(exc)) from exc
         return self._finish()
@@ -120,6 +122,26 @@ class CheckpointStreamProducer(SingleArtifactProducer):
             self.largest_chunk_bytes = max(self.largest_chunk_bytes, rows.numel() * rows.element_size())
             yield local_row, rows
             del rows  # the caller is done with it: a mapped chunk is unmapped before the next is read
+
+
+@contextlib.contextmanager
+def one_core_for_the_lane() -> Iterator[None]:
+    """Leave one core to the writer's lane while a stream runs, then restore the intra-op thread count.
+
+    The lane writes and hashes each cast chunk; an intra-op worker on the lane's core would split each
+    cast and spin between casts, taking that core from the lane (on the 2-core VM, one cast thread
+    halved the stream's CPU). torch keeps the count per thread once a thread has run a parallel op, so
+    other such threads keep theirs; a thread that runs its first parallel op meanwhile starts with it.
+    """
+    previous = torch.get_num_threads()
+    if previous == 1:
+        yield
+        return
+    torch.set_num_threads(previous - 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _local_row_chunks(
