@@ -186,7 +186,7 @@ class ArtifactBuilder:
             hash_threads=self._hash_threads,
             digest_algorithm=producer.spec.digest_algorithm,
             reservation_guard=lambda: self._capacity.reservation(deadline),
-            sparse_imports=self._capacity.is_memory,
+            sparse_files=self._capacity.is_memory,
         )
         try:
             try:

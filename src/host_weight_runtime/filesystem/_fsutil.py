@@ -92,7 +92,7 @@ def remove_tree(path: Path) -> None:
 def unallocated_bytes(top: Path) -> int:
     """Bytes that regular files below `top` are sized for but do not occupy yet (sparse reservations).
 
-    A payload file sized with `ftruncate` reserves its bytes by its size alone; until the copy fills
+    A payload file sized with `ftruncate` reserves its bytes by its size alone; until the writes fill
     it, the filesystem's free space still counts them, so a capacity check subtracts them.
     """
     return sum(max(0, info.st_size - info.st_blocks * 512) for info in _regular_files(top))

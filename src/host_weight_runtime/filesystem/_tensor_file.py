@@ -111,8 +111,8 @@ def create_tensor_file(
 ) -> StagingTensorFileWriter:
     """Create payload file `name` (it must not exist), preallocate its final size and write its header.
 
-    `sparse` (a caller-hashed file on tmpfs): the file is only sized (`ftruncate`), so the copy that fills
-    it allocates its pages as it goes instead of waiting for all of them first; its size is still the
+    `sparse` (a file on tmpfs): the file is only sized (`ftruncate`), so the writes that fill
+    it allocate its pages as they go instead of waiting for all of them first; its size is still the
     reservation that the capacity check counts (st_size, less what is already allocated, comes off the
     free space). On failure the file is removed again, so a failed open leaves nothing behind.
     """

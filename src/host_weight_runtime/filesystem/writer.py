@@ -66,7 +66,7 @@ class StagingArtifactWriter:
         "_pool",
         "_reservation_guard",
         "_reserve",
-        "_sparse_imports",
+        "_sparse_files",
         "_staging_dir",
         "_tensor_names",
     )
@@ -80,7 +80,7 @@ class StagingArtifactWriter:
         hash_threads: int | None = None,
         digest_algorithm: DigestAlgorithm = DEFAULT_DIGEST_ALGORITHM,
         reservation_guard: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
-        sparse_imports: bool = False,
+        sparse_files: bool = False,
     ) -> None:
         if type(chunk_bytes) is not int or chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
@@ -91,7 +91,7 @@ class StagingArtifactWriter:
         self._staging_dir = Path(staging_dir)
         self._reserve = reserve
         self._reservation_guard = reservation_guard
-        self._sparse_imports = sparse_imports
+        self._sparse_files = sparse_files
         self._chunk_bytes = chunk_bytes
         self._hash_threads = hash_threads
         self._digest_algorithm = digest_algorithm
@@ -262,7 +262,7 @@ class StagingArtifactWriter:
                 layout,
                 ordered=ordered,
                 caller_hashes=caller_hashes,
-                sparse=caller_hashes and self._sparse_imports,
+                sparse=self._sparse_files,
             )
 
     def finish(self) -> tuple[WrittenFile, ...]:
