@@ -34,6 +34,7 @@ from host_weight_runtime.protocols import (
     TensorWriteSpec,
     WeightProductionSpec,
 )
+from host_weight_runtime.tools.preimported import preimported_context
 
 MANIFEST_SCHEMA = "hwr-test-manifest-v1"
 RESTORER_SCHEMA = "hwr-test-restorer-v1"
@@ -176,7 +177,7 @@ def production_count(counter_path: Path) -> int:
     return len(counter_path.read_text().splitlines())
 
 
-SPAWN = multiprocessing.get_context("spawn")
+SPAWN = preimported_context()
 
 
 @contextmanager

@@ -5,7 +5,6 @@ The multi-process group tests (torch.distributed gloo) are in tests/test_diffusi
 
 from __future__ import annotations
 
-import multiprocessing
 import signal
 import threading
 import time
@@ -37,6 +36,7 @@ from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import ResolutionOutcome, StoreResult, StoreStatus
 from host_weight_runtime.protocols import BuildRequest
 from host_weight_runtime.tensors import ValidationLevel
+from host_weight_runtime.tools.preimported import preimported_context
 
 from ._diffusion import DIT, Folder, Pipeline, identity_context, runtime_at, save_folder
 from ._tp_children import bundle_crash_child, rank_contexts
@@ -234,7 +234,7 @@ def test_bundle_crash_publishes_none_or_a_consistent_subset(
     complete, valid parts; the next bundle builds exactly the rest, and every rank's two parts are then one
     build's bytes (their bundle records agree) with the content of the one-artifact rank layout."""
     root = tmp_path / "hwr"
-    context = multiprocessing.get_context("spawn")
+    context = preimported_context()
     child = context.Process(target=bundle_crash_child, args=(str(flux.root), str(root), crashes_after))
     child.start()
     child.join(CHILD_S)

@@ -8,7 +8,6 @@ cannot split, with the default MLP-only plan. The single-process tests need no g
 
 from __future__ import annotations
 
-import multiprocessing
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from host_weight_runtime.diffusion import (
 )
 from host_weight_runtime.diffusion.parallel.ranks import localize_for_rank
 from host_weight_runtime.failures import FailureCode, HostWeightError
+from host_weight_runtime.tools.preimported import preimported_context
 from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
 
 from ._diffusion import Folder, save_folder
@@ -63,7 +63,7 @@ def _run_group(
     world: int, kinds: tuple[str, ...], folders: dict[str, Folder], tmp: Path
 ) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """(kind, mode) -> each rank's report, from one gloo group of `world` spawned ranks; children are always reaped."""
-    context = multiprocessing.get_context("spawn")
+    context = preimported_context()
     setup = {
         "world": world,
         "rendezvous": f"file://{tmp / 'rendezvous'}",

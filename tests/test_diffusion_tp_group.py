@@ -5,7 +5,6 @@ Every child is joined with a deadline and killed if it overstays; every pipe rea
 
 from __future__ import annotations
 
-import multiprocessing
 import signal
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -19,6 +18,7 @@ from host_weight_runtime.config import RuntimeMode
 from host_weight_runtime.diffusion import plan_for_model, prewarm_tensor_parallel, resolve_tensor_shards
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import ResolutionOutcome
+from host_weight_runtime.tools.preimported import preimported_context
 from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
 
 from ._diffusion import DIT, Folder, runtime_at, save_folder
@@ -53,7 +53,7 @@ class Group:
     """`world` spawned ranks running `steps`; results per rank, children always reaped."""
 
     def __init__(self, tmp: Path, folder: Folder, domain: Path, world: int, steps: list[dict[str, Any]]) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = preimported_context()
         rendezvous = f"file://{tmp / f'rendezvous-{id(self)}'}"
         self.reports: list[Connection] = []
         self.controls: list[Connection] = []

@@ -20,6 +20,7 @@ from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.identity import WeightArtifactIdentity
 from host_weight_runtime.protocols import BuildRequest
 from host_weight_runtime.tensors import ValidationLevel
+from host_weight_runtime.tools.preimported import preimported_context
 
 from ._diffusion import Folder, save_folder
 from ._tp_children import rank_contexts
@@ -96,7 +97,7 @@ def test_every_rank_and_replica_shares_one_copy_of_each_part(tmp_path: Path, flu
     assert built.lease is not None
     built.lease.close()
 
-    spawn = multiprocessing.get_context("spawn")
+    spawn = preimported_context()
     children: list[tuple[int, multiprocessing.process.BaseProcess, Connection]] = []
     try:
         for rank, parts in enumerate(bundle.parts):

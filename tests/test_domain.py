@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import multiprocessing
 import os
 import shutil
 import stat
@@ -31,11 +30,12 @@ from host_weight_runtime.filesystem.domain import (
 )
 from host_weight_runtime.filesystem.locks import acquire_lock
 from host_weight_runtime.protocols import CoordinationScope
+from host_weight_runtime.tools.preimported import preimported_context
 
 from .support import recv_within, spawned_child
 
 TIMEOUT_S = 60.0
-_SPAWN = multiprocessing.get_context("spawn")
+_SPAWN = preimported_context()
 _SCOPE = CoordinationScope.SINGLE_PROCESS
 
 

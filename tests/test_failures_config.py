@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import multiprocessing
 import pickle
 import random
 from array import array
@@ -39,9 +38,10 @@ from host_weight_runtime.failures import (
 from host_weight_runtime.filesystem._prefault import prefault_enabled
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.tensors import ValidationLevel
+from host_weight_runtime.tools.preimported import preimported_context
 
 CHILD_TIMEOUT_S = 120.0
-SPAWN = multiprocessing.get_context("spawn")
+SPAWN = preimported_context()
 
 
 def sample_failure() -> HostWeightFailure:

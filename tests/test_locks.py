@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import multiprocessing
 import os
 import pickle
 import select
@@ -18,11 +17,12 @@ import pytest
 
 from host_weight_runtime.failures import FailureCode, HostWeightError, ResolutionStage
 from host_weight_runtime.filesystem.locks import FileLock, acquire_lock, try_lock
+from host_weight_runtime.tools.preimported import preimported_context
 
 from .support import recv_within, spawned_child
 
 TIMEOUT_S = 60.0
-_SPAWN = multiprocessing.get_context("spawn")
+_SPAWN = preimported_context()
 
 
 # ----------------------------------------------------------------- child processes

@@ -57,6 +57,12 @@ def register(commands: Subcommands) -> None:
     sub.add_argument("--no-huge-pages", action="store_true", help="do not mount a huge-page tmpfs")
     sub.add_argument("--no-pipeline", action="store_true", help="skip the whole-pipeline rows")
     sub.add_argument(
+        "--preimported-workers",
+        action="store_true",
+        help="fork workers from a server that imported torch once, not fresh interpreters: much faster to "
+        "start; the processes' own PSS then shares the interpreter's pages (the weights' PSS does not change)",
+    )
+    sub.add_argument(
         "--workdir", type=Path, default=None, metavar="DIR", help="disk folder for the checkpoint (default /var/tmp)"
     )
     sub.add_argument(
@@ -93,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         workdir=args.workdir,
         tensor_parallel_sizes=tuple(args.tp) if args.tp is not None else defaults.tensor_parallel_sizes,
         pipeline_rows=not args.no_pipeline,
+        preimported_workers=args.preimported_workers,
         all_memory_groups=defaults.all_memory_groups if args.memory_groups is None else args.memory_groups == "all",
     )
     out_dir: Path = args.out if args.out is not None else _default_results_dir()

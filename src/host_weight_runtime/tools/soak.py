@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import multiprocessing
 import os
 import random
 import re
@@ -47,6 +46,7 @@ from host_weight_runtime import (
 )
 
 from .common import JsonValue, remove_tree
+from .preimported import preimported_context
 from .soak_worker import (
     REPLY_TIMEOUT_S,
     SoakModel,
@@ -217,7 +217,7 @@ class _Soak:
         self.root = root
         self.models = models
         self.rng = rng
-        self.context = multiprocessing.get_context("spawn")
+        self.context = preimported_context()  # workers start in milliseconds, so a kill costs no import
         self.summary = SoakSummary(seed=0)
         self.references: dict[str, str] = {}  # model name -> reference digest
         self.corruptions: list[_Corruption] = []

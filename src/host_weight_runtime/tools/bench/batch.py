@@ -1,4 +1,10 @@
-"""Fresh worker processes for benchmark runs: started together, imported before any is told to go."""
+"""Fresh worker processes for benchmark runs: started together, imported before any is told to go.
+
+By default each worker is a new interpreter (`python -m ...worker`). With `preimported=True` it is
+forked from a server that imported torch and our library once (tools/preimported.py): still a separate
+process, reached over the same pipes, that loads its weights only when told to go; what differs is
+that its interpreter pages are shared with the server, so only the weights' PSS stays comparable.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +15,14 @@ import select
 import subprocess
 import time
 from collections.abc import Sequence
+from multiprocessing import reduction
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import IO, Any
 
+from ..preimported import preimported_context
 from .measure import RowSpec
-from .worker import worker_command, worker_environment
+from .worker import preimported_worker, worker_arguments, worker_command, worker_environment
 
 __all__ = ["WorkerBatch", "evict_from_page_cache"]
 
@@ -32,21 +41,26 @@ def evict_from_page_cache(paths: Sequence[Path]) -> None:
 class WorkerBatch:
     """Fresh worker processes, one per run, started together and all imported before any is told to go."""
 
-    def __init__(self, specs: Sequence[RowSpec], *, hold: bool, log: IO[bytes], timeout_s: float) -> None:
+    def __init__(
+        self, specs: Sequence[RowSpec], *, hold: bool, log: IO[bytes], timeout_s: float, preimported: bool = False
+    ) -> None:
         self._deadline = time.monotonic() + timeout_s
-        self._processes: list[subprocess.Popen[bytes]] = []
+        self._processes: list[subprocess.Popen[bytes] | _ForkedWorker] = []
         self._buffers: list[bytes] = []
         try:
             for spec in specs:
-                self._processes.append(
-                    subprocess.Popen(
-                        worker_command(spec, hold=hold),
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.PIPE,
-                        stderr=log,
-                        env=worker_environment(spec),
+                if preimported:
+                    self._processes.append(_ForkedWorker(spec, hold=hold, log=log))
+                else:
+                    self._processes.append(
+                        subprocess.Popen(
+                            worker_command(spec, hold=hold),
+                            stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE,
+                            stderr=log,
+                            env=worker_environment(spec),
+                        )
                     )
-                )
                 self._buffers.append(b"")
             for index in range(len(self._processes)):
                 self._message(index)
@@ -114,3 +128,52 @@ class WorkerBatch:
     def close(self) -> None:
         """Wait for every worker to exit (killing any that outlive the deadline)."""
         self.finish(range(len(self._processes)))
+
+
+class _PassedFd:
+    """A file descriptor a fork-server child receives while it starts (pickled as a duplicate for it)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        return _received_fd, (reduction.DupFd(self.fd),)
+
+
+def _received_fd(duplicate: Any) -> int:
+    fd: int = duplicate.detach()
+    return fd
+
+
+class _ForkedWorker:
+    """A worker forked from the preimported server, with the stdin, stdout, wait and kill that the batch uses."""
+
+    def __init__(self, spec: RowSpec, *, hold: bool, log: IO[bytes]) -> None:
+        stdin_read, stdin_write = os.pipe()
+        stdout_read, stdout_write = os.pipe()
+        try:
+            fds = (_PassedFd(stdin_read), _PassedFd(stdout_write), _PassedFd(log.fileno()))
+            arguments = (worker_arguments(spec, hold=hold), worker_environment(spec), *fds)
+            self._process: BaseProcess = preimported_context().Process(target=preimported_worker, args=arguments)
+            self._process.start()
+        except BaseException:
+            for fd in (stdin_read, stdin_write, stdout_read, stdout_write):
+                os.close(fd)
+            raise
+        os.close(stdin_read)
+        os.close(stdout_write)
+        self.stdin: IO[bytes] | None = os.fdopen(stdin_write, "wb")
+        self.stdout: IO[bytes] | None = os.fdopen(stdout_read, "rb")
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid or 0
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"benchmark worker {self.pid}", timeout or 0.0)
+        return self._process.exitcode
+
+    def kill(self) -> None:
+        self._process.kill()

@@ -37,7 +37,13 @@ class Measurements:
         return RowSpec(**{**_spec_fields(row.spec), "root": str(self._shm_dir / f"cold-domain-{self._fresh}")})
 
     def _batch(self, specs: Sequence[RowSpec], *, hold: bool) -> WorkerBatch:
-        return WorkerBatch(specs, hold=hold, log=self._log, timeout_s=self._options.timeout_s)
+        return WorkerBatch(
+            specs,
+            hold=hold,
+            log=self._log,
+            timeout_s=self._options.timeout_s,
+            preimported=self._options.preimported_workers,
+        )
 
     def solo(self, row: BenchRow, cache: str) -> dict[str, Any]:
         """`runs` fresh processes, measured one at a time (the others wait, imported and idle)."""

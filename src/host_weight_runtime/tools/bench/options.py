@@ -28,6 +28,7 @@ class BenchOptions:
     tensor_parallel_sizes: tuple[int, ...] = (2, 4)  # TP rows; () measures none
     tensor_parallel_runs: int = 3  # per TP size: bundle builds and groups of 2 replicas x N fresh ranks
     pipeline_rows: bool = True  # whole-pipeline rows (pipeline_rows.py), transformer of size_gib FP32
+    preimported_workers: bool = False  # workers forked from a server that imported torch once (batch.py)
 
     def __post_init__(self) -> None:
         if not 0 < self.size_gib <= 64:

@@ -157,7 +157,12 @@ def _figures(options: BenchOptions, setup: BenchSetup, say: Callable[[str], None
     if options.tensor_parallel_sizes:
         tensor_parallel = measure_tensor_parallel(
             TensorParallelSetup(
-                setup.pipeline, TRANSFORMER_SUBFOLDER, setup.shm_dir, setup.worker_log, options.timeout_s
+                setup.pipeline,
+                TRANSFORMER_SUBFOLDER,
+                setup.shm_dir,
+                setup.worker_log,
+                options.timeout_s,
+                options.preimported_workers,
             ),
             options.tensor_parallel_sizes,
             runs=min(options.runs, options.tensor_parallel_runs),
@@ -195,6 +200,7 @@ def _options_dict(options: BenchOptions) -> dict[str, JsonValue]:
         "remote_runs": options.remote_runs or options.runs,
         "tensor_parallel_sizes": list(options.tensor_parallel_sizes),
         "tensor_parallel_runs": min(options.runs, options.tensor_parallel_runs),
+        "preimported_workers": options.preimported_workers,
     }
 
 

@@ -50,6 +50,7 @@ class TensorParallelSetup:
     shm_dir: Path
     log: IO[bytes]
     timeout_s: float
+    preimported_workers: bool = False  # ranks forked from a server that imported torch once (batch.py)
 
 
 def _runtime(root: Path) -> HostWeightRuntime:
@@ -152,7 +153,9 @@ def _measure_size(
         for run in range(runs):
             say(f"tensor parallel: TP={size}, {REPLICAS} replicas x {size} ranks, run {run + 1}/{runs}")
             specs = _group_specs(setup, root, size, run)
-            batch = WorkerBatch(specs, hold=True, log=setup.log, timeout_s=setup.timeout_s)
+            batch = WorkerBatch(
+                specs, hold=True, log=setup.log, timeout_s=setup.timeout_s, preimported=setup.preimported_workers
+            )
             try:
                 rows: list[dict[str, Any]] = []
                 for replica in range(REPLICAS):

@@ -26,15 +26,35 @@ from typing import Any
 from .measure import LoadKind, RowSpec, join_group, leave_group, model_class, run_row
 from .peers import peer_named
 
-__all__ = ["ENV_PROFILE", "main", "worker_command", "worker_environment"]
+__all__ = ["ENV_PROFILE", "main", "preimported_worker", "worker_arguments", "worker_command", "worker_environment"]
 
 ENV_PROFILE = "HWR_BENCH_PROFILE"
 
 
+def worker_arguments(spec: RowSpec, *, hold: bool) -> list[str]:
+    """The arguments of `main` for one run of `spec`."""
+    arguments = [json.dumps(spec.to_dict())]
+    return [*arguments, "--hold"] if hold else arguments
+
+
 def worker_command(spec: RowSpec, *, hold: bool) -> list[str]:
     """The command line of a worker for one run of `spec`."""
-    arguments = [sys.executable, "-m", "host_weight_runtime.tools.bench.worker", json.dumps(spec.to_dict())]
-    return [*arguments, "--hold"] if hold else arguments
+    return [sys.executable, "-m", "host_weight_runtime.tools.bench.worker", *worker_arguments(spec, hold=hold)]
+
+
+def preimported_worker(
+    arguments: list[str], environment: dict[str, str] | None, stdin_fd: int, stdout_fd: int, stderr_fd: int
+) -> None:
+    """`main` in a child forked from the preimported server: the batch's pipes become its stdin and stdout, its
+    log its stderr, and `environment` (if any) replaces the one it inherited, as `env=` does for a command."""
+    if environment is not None:
+        os.environ.clear()
+        os.environ.update(environment)
+    for fd, target in ((stdin_fd, 0), (stdout_fd, 1), (stderr_fd, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - multiprocessing pointed it at /dev/null
+    sys.exit(main(arguments))
 
 
 def worker_environment(spec: RowSpec) -> dict[str, str] | None:
