@@ -3,10 +3,11 @@
     <root>/source-digests-v1/
       entries/<key>.json   canonical JSON: realpath, stat state, digest, entry_sha256
       locks/<key>.lock     exclusive while one worker hashes the file (never unlinked)
+      headers/<key>.ok     empty: a worker checked this file's safetensors header in this state
 
-where <key> is the SHA-256 of the file's realpath and stat state. The cache is an
-optimisation only: a damaged entry is recomputed, and a lock timeout or a directory
-failure falls back to hashing directly.
+where <key> is the SHA-256 of the file's realpath and stat state (a header marker's key also
+names the check's version). The cache is an optimisation only: a damaged entry is recomputed,
+and a lock timeout or a directory failure falls back to hashing (or reading the header) directly.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ _LOG = logging.getLogger(__name__.rpartition(".")[0] + ".source_identity")
 
 DIGEST_ENTRY_SCHEMA = "hwr-source-digest-entry-v1"
 _CACHE_DIR = "source-digests-v1"
+HEADER_CHECK_VERSION = "safetensors-header-check-v1"
+"""Names what a header marker vouches for; a stricter check gets a new version, so old markers vouch for nothing."""
 _ENTRY_LIMIT_BYTES = 64 * 1024
 _SHA256_ID = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -85,7 +88,7 @@ def _parse_entry(data: bytes, expected: dict[str, JsonValue]) -> _EntryRead:
 class NodeSourceDigestCache:
     """Share content-backed local-source fingerprints across node workers."""
 
-    __slots__ = ("_counter_guard", "entries", "hashes_computed", "locks", "timeout_seconds")
+    __slots__ = ("_counter_guard", "entries", "hashes_computed", "headers", "locks", "timeout_seconds")
 
     def __init__(self, root: Path, *, timeout_seconds: float = 30.0) -> None:
         if not isinstance(root, Path):
@@ -94,6 +97,7 @@ class NodeSourceDigestCache:
             raise ValueError(f"timeout_seconds must be a finite number >= 0, got {timeout_seconds!r}")
         self.entries = root / _CACHE_DIR / "entries"
         self.locks = root / _CACHE_DIR / "locks"
+        self.headers = root / _CACHE_DIR / "headers"
         self.timeout_seconds = float(timeout_seconds)
         self.hashes_computed = 0
         self._counter_guard = threading.Lock()
@@ -163,6 +167,31 @@ class NodeSourceDigestCache:
         entry = self.entries / f"{self._key(realpath, state)}.json"
         return self._read_entry(entry, _entry_body(realpath, state)).digest
 
+    def header_marker(self, path: Path, state: FileState) -> Path:
+        """The marker saying some worker of this node checked this file's safetensors header in exactly this state.
+
+        Keyed like the digest entries (realpath and stat state) plus the check's version: a file rewritten,
+        replaced or moved has another key, so a marker never vouches for bytes it was not written for.
+        """
+        document = {"check": HEADER_CHECK_VERSION, "realpath": os.path.realpath(path), **state.to_dict()}
+        return self.headers / f"{hashlib.sha256(encode_canonical(document)).hexdigest()}.ok"
+
+    def header_checked(self, path: Path, state: FileState) -> bool:
+        """Whether this file's header was checked in this state on this node; False where the cache is unusable."""
+        try:
+            self._prepare_dirs()  # a marker in a directory another user could write must not be believed
+            return os.path.lexists(self.header_marker(path, state))
+        except OSError:
+            return False
+
+    def record_header_checked(self, path: Path, state: FileState) -> None:
+        """Remember a header checked in `state` (the caller saw that state before and after its check)."""
+        try:
+            self._prepare_dirs()
+            write_file_atomic(self.header_marker(path, state), b"", mode=0o600)
+        except OSError as exc:
+            _LOG.info("source digest cache: could not record the checked header of %s (%s)", path, exc)
+
     def _hash(self, path: Path, state: FileState) -> str:
         digest = hash_file(path, state)
         with self._counter_guard:
@@ -188,7 +217,7 @@ class NodeSourceDigestCache:
     def _prepare_dirs(self) -> None:
         """Create the private cache directories and refuse ones another user could write."""
         base = self.entries.parent
-        for directory in (base, self.entries, self.locks):
+        for directory in (base, self.entries, self.locks, self.headers):
             try:
                 info = os.lstat(directory)
             except FileNotFoundError:

@@ -17,6 +17,7 @@ from typing import Any
 from ..canonical_json import decode_json
 from ..failures import HostWeightError, usage_error
 from ..runtime import HostWeightRuntime
+from ._file_state import FileState
 from ._load_options import LoadOptions
 from .diffusers_family import DIFFUSERS_FAMILY
 from .family_transformers import TRANSFORMERS_FAMILY, is_transformers_config
@@ -83,11 +84,15 @@ def usage_errors() -> Iterator[None]:
         raise usage_error(str(exc)) from exc
 
 
-def checkpoint_source(location: ComponentLocation, options: LoadOptions) -> PreparedWeightSource:
+def checkpoint_source(
+    location: ComponentLocation, options: LoadOptions, checked: NodeSourceDigestCache | None = None
+) -> PreparedWeightSource:
     """The checkpoint files the canonical load would read; a problem with the folder is a HostWeightUsageError.
 
     Every safetensors file's header is checked here (offsets inside the file, sizes matching shapes), so a
-    truncated or foreign shard is refused up front in every mode, before any hashing, build or load.
+    truncated or foreign shard is refused up front in every mode, before any hashing, build or load. With the
+    node's cache (`checked`), a file whose header some worker already checked in its exact stat state is not
+    read again; any other state (rewritten, replaced, moved) is read and checked.
     """
     with usage_errors():
         source = prepare_weight_source(
@@ -101,16 +106,26 @@ def checkpoint_source(location: ComponentLocation, options: LoadOptions) -> Prep
         )
     if source.use_safetensors:
         for path in source.weight_files:
-            try:
-                read_safetensors_header(path)
-            except CheckpointFormatError as exc:
-                raise usage_error(
-                    f"{exc}; the checkpoint file is damaged, incomplete or not safetensors: re-download or re-save it",
-                    file=str(path),
-                ) from exc
-            except OSError as exc:
-                raise usage_error(f"cannot read the checkpoint file {path}: {exc}", file=str(path)) from exc
+            _check_header(path, checked)
     return source
+
+
+def _check_header(path: Path, checked: NodeSourceDigestCache | None) -> None:
+    """Read and check one safetensors header, unless the node checked it in this very state before."""
+    try:
+        state = None if checked is None else FileState.of(path)
+        if state is not None and checked is not None and checked.header_checked(path, state):
+            return
+        read_safetensors_header(path)
+        if state is not None and checked is not None and FileState.of(path) == state:
+            checked.record_header_checked(path, state)  # the state held across the read: it names these bytes
+    except CheckpointFormatError as exc:
+        raise usage_error(
+            f"{exc}; the checkpoint file is damaged, incomplete or not safetensors: re-download or re-save it",
+            file=str(path),
+        ) from exc
+    except OSError as exc:
+        raise usage_error(f"cannot read the checkpoint file {path}: {exc}", file=str(path)) from exc
 
 
 def read_model_config(resolved_root: Path) -> tuple[Path, dict[str, Any]]:
