@@ -6,7 +6,8 @@ The same FP32 Flux checkpoint as `cold_paths.py`, loaded offline by repo id from
 Face cache snapshot (nothing is hashed for the content key). Each run is one fresh interpreter
 on a fresh tmpfs domain that imports everything off the clock and times one `load_component`
 call, with the time spent in each named step of the loader and of the store under it (a step
-nested in another counts in both). The background row's steps on the publication thread are
+nested in another counts in both), as wall time and as the CPU time of the thread that ran it
+(`(cpu)`: the step's own Python and casting, not its hash threads; steadier than wall on a busy host). The background row's steps on the publication thread are
 prefixed `bg.`, and `published` is when its artifact was published. With several `--src`
 trees, every tree's rows run in the same rounds, alternating, and the report gives each
 tree's medians, so the trees share the noise of one run.
@@ -31,16 +32,17 @@ from host_weight_runtime import HostWeightRuntime, HostWeightRuntimeConfig, Runt
 from host_weight_runtime.diffusion import load_component
 from diffusers import FluxTransformer2DModel  # imports off the clock, as cold_paths.py
 from host_weight_runtime.tools.bench.measure import touch_model
-phases = {}
+phases, cpu = {}, {}
 def timed(name, function):
     def wrapper(*args, **kwargs):
         thread = threading.current_thread().name
         label = ("bg." if thread.startswith("hwr-background") else "") + name
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         try:
             return function(*args, **kwargs)
         finally:
             phases[label] = phases.get(label, 0.0) + (time.perf_counter() - started) * 1000
+            cpu[label] = cpu.get(label, 0.0) + (time.thread_time() - cpu_started) * 1000
     return wrapper
 # (module, attribute or Class.method, label): what exists in a tree is timed, what does not is skipped
 TARGETS = [
@@ -88,6 +90,7 @@ if mode == "background":
     assert loaded.background_publication.wait(600) and loaded.background_publication.failure is None
     result["published"] = (time.perf_counter() - started) * 1000
 result.update(phases)
+result.update({label + " (cpu)": value for label, value in cpu.items()})
 result["outcome"] = str(loaded.outcome)
 print(json.dumps(result))
 """
