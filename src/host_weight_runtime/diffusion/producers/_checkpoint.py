@@ -7,6 +7,7 @@ its resident memory stays at one chunk no matter how large the shards are.
 from __future__ import annotations
 
 import errno
+import hashlib
 import mmap
 import os
 import struct
@@ -34,10 +35,11 @@ __all__ = [
 
 _MAX_HEADER_BYTES = 100 * 2**20
 _KEPT_HEADERS = 64
-_KEPT_HEADER_BYTES = 4 * 2**20
+_KEPT_HEADER_BYTES = 2**20
 _PARSED_HEADERS: OrderedDict[tuple[str, int, bytes], dict[str, CheckpointTensor]] = OrderedDict()
-"""Per process: a header parsed once per exact (path, file size, header bytes), the whole input of the parse.
-A load checks every header up front and its stream reads them again; the second read still reads the bytes."""
+"""Per process: a header parsed once per exact (path, file size, SHA-256 of the header bytes), the whole input of
+the parse. A load checks every header up front and its stream reads them again; the second read still reads the
+bytes."""
 _PARSED_HEADERS_GUARD = threading.Lock()
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14; Python names it from 3.13 on
 
@@ -76,7 +78,7 @@ def read_safetensors_header(path: Path) -> dict[str, CheckpointTensor]:
         if header_len > _MAX_HEADER_BYTES or 8 + header_len > size:
             raise CheckpointFormatError(f"{path} declares a {header_len}-byte header; the file is {size} bytes")
         raw = handle.read(header_len)
-    key = (str(path), size, raw)
+    key = (str(path), size, hashlib.sha256(raw).digest())
     with _PARSED_HEADERS_GUARD:
         parsed = _PARSED_HEADERS.get(key)
         if parsed is not None:
