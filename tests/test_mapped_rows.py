@@ -94,3 +94,23 @@ def test_a_file_that_cannot_be_mapped_is_read_instead(checkpoint: dict[str, Chec
         assert torch.equal(rows, expected)
     finally:
         os.close(fd)
+
+
+def test_a_header_read_again_is_parsed_once_yet_a_changed_file_is_checked_afresh(tmp_path: Path) -> None:
+    """S10: the second read of an unchanged checkpoint header gives the first parse (a copy), while a header
+    rewritten in place, or a file cut short under the same header, is parsed and checked again and refused."""
+    path = tmp_path / "model.safetensors"
+    save_file({"w": torch.arange(64, dtype=torch.float32).reshape(8, 8)}, path)
+    first = read_safetensors_header(path)
+    again = read_safetensors_header(path)
+    assert again == first and again is not first
+    again.clear()  # a caller's copy: the kept parse is not changed through it
+    assert read_safetensors_header(path) == first
+
+    save_file({"w": torch.zeros(4, 8, dtype=torch.float32)}, path)  # another header at the same path
+    assert read_safetensors_header(path)["w"].shape == (4, 8)
+
+    with open(path, "r+b") as handle:  # same header bytes, but the data no longer fits in the file
+        handle.truncate(os.path.getsize(path) - 8)
+    with pytest.raises(CheckpointFormatError):
+        read_safetensors_header(path)

@@ -30,9 +30,10 @@ from host_weight_runtime.identity import RuntimeWeightLayout
 from host_weight_runtime.manifest import MANIFEST_FILE_NAME, PARSED_MANIFESTS, ParsedManifests, WeightManifest
 from host_weight_runtime.outcomes import CleanupStatus, PostLoadPublicationStatus, ResolutionOutcome
 
+from . import _children
 from ._diffusion import DIT, runtime_at, save_folder
 from ._hostile import reseal, writable
-from .support import SyntheticProducer, make_identity, make_tensors
+from .support import CHILD_TIMEOUT_S, SPAWN, SyntheticProducer, make_identity, make_tensors, reaped_children
 
 META = ValidationLevel.MANIFEST_AND_METADATA
 
@@ -109,6 +110,43 @@ def test_lookup_serves_the_manifest_on_disk_not_one_parsed_before(tmp_path: Path
     assert refused.failure is not None and refused.failure.code is FailureCode.MANIFEST_INVALID
     assert WeightManifest.from_bytes(original.to_bytes()) == original
     assert PARSED_MANIFESTS.parse(original.to_bytes())[1] == original
+
+
+def test_a_build_reads_back_the_manifest_it_sealed_without_parsing_it(tmp_path: Path) -> None:
+    """S10: the lease a build hands back holds exactly what a parse of the sealed manifest.json gives, and the
+    read-back parses nothing; a manifest changed on disk afterwards is still refused, by this process and by a
+    fresh one, since only the exact bytes this process sealed are answered from memory."""
+    store = FilesystemHostWeightStore(tmp_path / "domain")
+    identity = make_identity()
+    parses = PARSED_MANIFESTS.parses
+    producer = SyntheticProducer(identity, make_tensors(7))
+    result = store.get_or_build(BuildRequest(identity), producer, validation=META, deadline=time.monotonic() + 60)
+    assert result.status is StoreStatus.BUILT and result.lease is not None
+    directory = store.layout.artifact_dir(identity.key)
+    sealed = (directory / MANIFEST_FILE_NAME).read_bytes()
+    with result.lease as lease:
+        assert lease.manifest == WeightManifest.from_bytes(sealed)
+        assert lease.manifest.to_bytes() == sealed
+    assert PARSED_MANIFESTS.parses == parses
+
+    changed = dataclasses.replace(lease.manifest, format_metadata=CanonicalJson.from_value({"tampered": True}))
+    with writable(directory):
+        (directory / MANIFEST_FILE_NAME).write_bytes(changed.to_bytes())  # READY.json still names the sealed bytes
+    report_parent, report_child = SPAWN.Pipe(duplex=False)
+    control_child, _control_parent = SPAWN.Pipe(duplex=False)
+    with reaped_children() as children:
+        child = SPAWN.Process(
+            target=_children.lookup_in_child,
+            args=(str(store.root), report_child, control_child),
+            kwargs={"validation": META.value},
+        )
+        child.start()
+        children.append(child)
+        assert report_parent.poll(CHILD_TIMEOUT_S)
+        outcome = report_parent.recv()
+    assert outcome["status"] == "invalid" and outcome["backing"] is None
+    refused = store.lookup(identity, validation=META, deadline=time.monotonic() + 60)
+    assert refused.status is StoreStatus.INVALID and refused.lease is None
 
 
 def _skeleton(root: Path, options: LoadOptions | None = None) -> ComponentSkeleton:

@@ -457,6 +457,22 @@ class ParsedManifests:
                 self._kept.popitem(last=False)
         return digest, manifest
 
+    def remember(self, data: bytes, manifest: WeightManifest) -> None:
+        """Keep `manifest` as the parse of `data`, the bytes this process just serialized it to (`to_bytes`).
+
+        A build reads back the manifest it has just sealed; this spares that parse. Still keyed by the
+        bytes' SHA-256, so what is read back must be exactly these bytes to be answered from here. A
+        manifest over the parse limits is not kept, so reading it back fails as a parse would.
+        """
+        if len(manifest.files) > MAX_MANIFEST_FILES or len(manifest.tensors) > MAX_MANIFEST_TENSORS:
+            return
+        digest = manifest_sha256(data)
+        with self._guard:
+            self._kept[digest] = manifest
+            self._kept.move_to_end(digest)
+            while len(self._kept) > self._limit:
+                self._kept.popitem(last=False)
+
     def clear(self) -> None:
         with self._guard:
             self._kept.clear()

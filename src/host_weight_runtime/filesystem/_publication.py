@@ -16,7 +16,14 @@ from .._faults import fault_point
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
 from ..identity import WeightArtifactIdentity
 from ..lease import LeaseSource
-from ..manifest import MANIFEST_FILE_NAME, READY_FILE_NAME, PublicationMarker, WeightManifest, manifest_sha256
+from ..manifest import (
+    MANIFEST_FILE_NAME,
+    PARSED_MANIFESTS,
+    READY_FILE_NAME,
+    PublicationMarker,
+    WeightManifest,
+    manifest_sha256,
+)
 from ..outcomes import StoreResult, StoreStatus
 from ..tensors import ValidationLevel
 from ._fsutil import fsync_dir, remove_tree, write_new_file
@@ -45,6 +52,7 @@ def seal(staging: Path, manifest: WeightManifest) -> PublicationMarker:
     fault_point("publication.before_manifest")
     manifest_bytes = manifest.to_bytes()
     write_new_file(staging / MANIFEST_FILE_NAME, manifest_bytes, seam="publication.write_manifest")
+    PARSED_MANIFESTS.remember(manifest_bytes, manifest)  # the read-back after the rename needs no parse
     fault_point("publication.after_manifest")
     marker = PublicationMarker(
         identity_key=manifest.identity_key,

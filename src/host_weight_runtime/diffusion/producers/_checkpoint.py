@@ -7,9 +7,12 @@ its resident memory stays at one chunk no matter how large the shards are.
 from __future__ import annotations
 
 import errno
+import hashlib
 import mmap
 import os
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +34,13 @@ __all__ = [
 ]
 
 _MAX_HEADER_BYTES = 100 * 2**20
+_KEPT_HEADERS = 64
+_KEPT_HEADER_BYTES = 2**20
+_PARSED_HEADERS: OrderedDict[tuple[str, int, bytes], dict[str, CheckpointTensor]] = OrderedDict()
+"""Per process: a header parsed once per exact (path, file size, SHA-256 of the header bytes), the whole input of
+the parse. A load checks every header up front and its stream reads them again; the second read still reads the
+bytes."""
+_PARSED_HEADERS_GUARD = threading.Lock()
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14; Python names it from 3.13 on
 
 
@@ -68,6 +78,23 @@ def read_safetensors_header(path: Path) -> dict[str, CheckpointTensor]:
         if header_len > _MAX_HEADER_BYTES or 8 + header_len > size:
             raise CheckpointFormatError(f"{path} declares a {header_len}-byte header; the file is {size} bytes")
         raw = handle.read(header_len)
+    key = (str(path), size, hashlib.sha256(raw).digest())
+    with _PARSED_HEADERS_GUARD:
+        parsed = _PARSED_HEADERS.get(key)
+        if parsed is not None:
+            _PARSED_HEADERS.move_to_end(key)
+            return dict(parsed)
+    found = _parse_header(path, size, header_len, raw)
+    if header_len <= _KEPT_HEADER_BYTES:
+        with _PARSED_HEADERS_GUARD:
+            _PARSED_HEADERS[key] = found
+            while len(_PARSED_HEADERS) > _KEPT_HEADERS:
+                _PARSED_HEADERS.popitem(last=False)
+    return dict(found)
+
+
+def _parse_header(path: Path, size: int, header_len: int, raw: bytes) -> dict[str, CheckpointTensor]:
+    """The tensors a header's bytes declare, each checked against the file's size."""
     try:
         header: Any = decode_json(raw, max_bytes=_MAX_HEADER_BYTES)
     except ValueError as exc:  # not UTF-8 JSON, duplicate names, nested too deeply, ...

@@ -10,6 +10,7 @@ the cast rows through one reused buffer and `write_rows`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from ...failures import FailureCode
 from ...protocols import ArtifactWriter, ProductionMetadata, RowCopyingTensorFileWriter, TensorFileWriter
@@ -47,6 +48,8 @@ class FinalLayoutBF16CheckpointProducer(CheckpointStreamProducer):
         # Without copy_rows, each chunk is cast into one reused buffer and written (pwrite returns)
         # before the next: no fresh allocation per chunk.
         cast_buffer = ScratchBuffer()
+        # A runtime-checkable Protocol's isinstance walks the protocol's members: asked once per writer class.
+        copies_rows: dict[type, bool] = {}
 
         def write_tensor(
             file_writer: TensorFileWriter, tensor: FinalLayoutTensor, entry: CheckpointTensor, fd: int
@@ -56,7 +59,10 @@ class FinalLayoutBF16CheckpointProducer(CheckpointStreamProducer):
                 return
             shard = context.tensor_shards.get(tensor.name)
             whole = shard is None  # copy_rows takes whole rows only; a rank's part is cast and written
-            copier = file_writer if whole and isinstance(file_writer, RowCopyingTensorFileWriter) else None
+            copying = copies_rows.get(type(file_writer))
+            if copying is None:
+                copying = copies_rows[type(file_writer)] = isinstance(file_writer, RowCopyingTensorFileWriter)
+            copier = cast(RowCopyingTensorFileWriter, file_writer) if whole and copying else None
             for local_row, rows in self._local_rows(fd, entry, shard):
                 if copier is not None:
                     copier.copy_rows(tensor.name, local_row, rows)
