@@ -231,6 +231,30 @@ def test_tensor_parallel_ranks_by_name(node_a: NodeA, pushed: Remote, tmp_path: 
 
 
 @pytest.mark.parametrize("pushed", ["s3"], indirect=True)
+def test_tensor_parallel_bf16_ranks_by_name_over_s3(node_a: NodeA, pushed: Remote, tmp_path: Path) -> None:
+    """E13/E14/T01: over S3 (moto's threaded server, spoken to over HTTP with the storage options each rank's
+    runtime is given), two spawned TP ranks of a gloo group on node B, which holds no checkpoint, load the BF16
+    layout by repo id and commit: each imports its shard part and the one replicated part under node A's keys
+    (REMOTE_IMPORT) and holds exactly its slice of the canonical weights; node B's domain then holds exactly the
+    three BF16 parts, and the next load by name is a LOCAL_HIT of the same keys."""
+    by_name: dict[str, Any] = {
+        "mode": "preferred", "model": REPO_ID, "revision": REVISION, "remote": pushed.read_url,
+        "remote_options": pushed.read_options,
+    }  # fmt: skip
+    domain = tmp_path / "node-b"
+    cold, warm = run_group(tmp_path, node_a.folder, domain, 2, [{**by_name, "placements": True}, by_name])
+    shard_keys = [node_a.keys[name("bfloat16", 2, f"shard-{rank}")] for rank in range(2)]
+    assert [result.get("outcome") for result in cold] == ["remote_import", "remote_import"], cold
+    assert [result["key"] for result in cold] == shard_keys
+    for result, expected in zip(cold, _expected_local_bytes(node_a.folder, 2), strict=True):
+        assert {parameter: digest for parameter, (_p, _d, digest) in result["placements"].items()} == expected
+    assert sorted(path.name for path in FilesystemHostWeightStore(domain).layout.artifacts.iterdir()) == sorted(
+        key for artifact, key in node_a.keys.items() if artifact.dtype == "bfloat16" and artifact.part is not None
+    )
+    assert [(result.get("outcome"), result["key"]) for result in warm] == [("local_hit", key) for key in shard_keys]
+
+
+@pytest.mark.parametrize("pushed", ["s3"], indirect=True)
 def test_a_rank_without_an_index_entry_fails_the_whole_group_at_once(
     node_a: NodeA, pushed: Remote, tmp_path: Path
 ) -> None:
