@@ -10,6 +10,7 @@ caller's store factory opens the store, and an HWR_REMOTE_PUBLISH push is one th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,8 +37,8 @@ def node_a(tmp_path_factory: pytest.TempPathFactory) -> tuple[Folder, Path, str]
     return folder, root, built.identity_key
 
 
-def _runtime(root: Path, mode: RuntimeMode = RuntimeMode.PREFERRED, **kwargs: object) -> HostWeightRuntime:
-    return HostWeightRuntime(HostWeightRuntimeConfig(mode=mode, root=root, lock_timeout_s=60.0), **kwargs)  # type: ignore[arg-type]
+def _runtime(root: Path, mode: RuntimeMode = RuntimeMode.PREFERRED, **kwargs: Any) -> HostWeightRuntime:
+    return HostWeightRuntime(HostWeightRuntimeConfig(mode=mode, root=root, lock_timeout_s=60.0), **kwargs)
 
 
 @pytest.fixture
