@@ -48,7 +48,6 @@ from .remote_support import (
     assert_bitwise_equal,
     closed_endpoint,
     moto_endpoint,
-    node_b_with_pushed_remote,
 )
 from .test_diffusion_tp import FLUX_TP4
 from .test_diffusion_tp_group import run_group
@@ -109,19 +108,6 @@ def node_a(tmp_path_factory: pytest.TempPathFactory) -> NodeA:
             keys[name(dtype, 2, f"shard-{rank}")] = shard.identity_key
     assert len(set(keys.values())) == 8
     return NodeA(folder, cache, root, keys)
-
-
-@pytest.fixture(params=["file", "s3"])
-def pushed(
-    request: pytest.FixtureRequest, node_a: NodeA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Remote]:
-    """A fresh remote holding all of node A's artifacts; this process (and its children) is node B, HF cache empty."""
-    moto: MotoEndpoint | None = request.getfixturevalue("moto") if request.param == "s3" else None
-    keys = list(node_a.keys.values())
-    with node_b_with_pushed_remote(
-        request.param, node_a.root, keys, tmp_path=tmp_path, monkeypatch=monkeypatch, moto=moto
-    ) as remote:
-        yield remote
 
 
 def _entry(remote: Remote, artifact: ArtifactName) -> NameIndexEntry:
