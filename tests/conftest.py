@@ -11,10 +11,15 @@ The longest files are collected first, so `make test`'s two workers start on the
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import settings
+
+if TYPE_CHECKING:
+    from .remote_support import Remote
 
 os.environ["HWR_BACKGROUND_VERIFY"] = "off"
 
@@ -56,3 +61,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(f"tests/conftest.py LONGEST_FILES_FIRST names files that do not exist: {missing}")
     rank = {name: index for index, name in enumerate(LONGEST_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.fixture(params=["file", "s3"])
+def pushed(
+    request: pytest.FixtureRequest, node_a: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Remote]:
+    """For the load-by-name tests: a fresh `file://` or S3 remote holding every artifact of the module's `node_a`
+    (its `root` and `keys`), S3 being the module's `moto`; this process (and its children) is then node B, its
+    Hugging Face cache empty. A test takes one kind with `@pytest.mark.parametrize("pushed", [KIND], indirect=True)`."""
+    from .remote_support import MotoEndpoint, node_b_with_pushed_remote  # torch and fsspec: only where used
+
+    moto: MotoEndpoint | None = request.getfixturevalue("moto") if request.param == "s3" else None
+    keys = list(node_a.keys.values())
+    with node_b_with_pushed_remote(
+        request.param, node_a.root, keys, tmp_path=tmp_path, monkeypatch=monkeypatch, moto=moto
+    ) as remote:
+        yield remote

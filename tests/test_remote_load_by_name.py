@@ -29,7 +29,7 @@ from host_weight_runtime.tools.synthetic_models import save_hub_snapshot
 from host_weight_runtime.tools.synthetic_pipelines import save_tiny_pipeline
 
 from ._pipelines import image
-from .remote_support import MotoEndpoint, Remote, assert_bitwise_equal, moto_endpoint, node_b_with_pushed_remote
+from .remote_support import MotoEndpoint, Remote, assert_bitwise_equal, moto_endpoint
 
 REPO_ID = "hwr-test/tiny-flux-by-name"
 REVISION = hashlib.sha1(b"hwr-test/tiny-flux-by-name@1").hexdigest()
@@ -69,19 +69,6 @@ def node_a(tmp_path_factory: pytest.TempPathFactory) -> NodeA:
     built = prewarm_pipeline(REPO_ID, revision=REVISION, cache_dir=cache, runtime=runtime(root))
     assert sorted(built.built) == list(SERVED)
     return NodeA(cache, root, {name: result.identity_key for name, result in built.built.items()})
-
-
-@pytest.fixture(params=["file", "s3"])
-def pushed(
-    request: pytest.FixtureRequest, node_a: NodeA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Remote]:
-    """A fresh remote holding everything node A pushed; this process is node B, its HF cache empty and offline."""
-    moto: MotoEndpoint | None = request.getfixturevalue("moto") if request.param == "s3" else None
-    keys = list(node_a.keys.values())
-    with node_b_with_pushed_remote(
-        request.param, node_a.root, keys, tmp_path=tmp_path, monkeypatch=monkeypatch, moto=moto
-    ) as remote:
-        yield remote
 
 
 def node_a_component(node_a: NodeA, name: str) -> torch.nn.Module:

@@ -48,7 +48,6 @@ from .remote_support import (
     assert_bitwise_equal,
     closed_endpoint,
     moto_endpoint,
-    node_b_with_pushed_remote,
 )
 from .test_diffusion_tp import FLUX_TP4
 from .test_diffusion_tp_group import run_group
@@ -109,19 +108,6 @@ def node_a(tmp_path_factory: pytest.TempPathFactory) -> NodeA:
             keys[name(dtype, 2, f"shard-{rank}")] = shard.identity_key
     assert len(set(keys.values())) == 8
     return NodeA(folder, cache, root, keys)
-
-
-@pytest.fixture(params=["file", "s3"])
-def pushed(
-    request: pytest.FixtureRequest, node_a: NodeA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Remote]:
-    """A fresh remote holding all of node A's artifacts; this process (and its children) is node B, HF cache empty."""
-    moto: MotoEndpoint | None = request.getfixturevalue("moto") if request.param == "s3" else None
-    keys = list(node_a.keys.values())
-    with node_b_with_pushed_remote(
-        request.param, node_a.root, keys, tmp_path=tmp_path, monkeypatch=monkeypatch, moto=moto
-    ) as remote:
-        yield remote
 
 
 def _entry(remote: Remote, artifact: ArtifactName) -> NameIndexEntry:
@@ -228,6 +214,30 @@ def test_tensor_parallel_ranks_by_name(node_a: NodeA, pushed: Remote, tmp_path: 
     pushed.raw.pipe_file(f"{pushed.raw_root}/{shard.object_path()}", NameIndexEntry(**fields).to_bytes())
     (refused,) = run_group(tmp_path, node_a.folder, tmp_path / "node-c", 2, [by_name])
     assert [result.get("failed") for result in refused] == ["remote_failed", "remote_failed"]
+
+
+@pytest.mark.parametrize("pushed", ["s3"], indirect=True)
+def test_tensor_parallel_bf16_ranks_by_name_over_s3(node_a: NodeA, pushed: Remote, tmp_path: Path) -> None:
+    """E13/E14/T01: over S3 (moto's threaded server, spoken to over HTTP with the storage options each rank's
+    runtime is given), two spawned TP ranks of a gloo group on node B, which holds no checkpoint, load the BF16
+    layout by repo id and commit: each imports its shard part and the one replicated part under node A's keys
+    (REMOTE_IMPORT) and holds exactly its slice of the canonical weights; node B's domain then holds exactly the
+    three BF16 parts, and the next load by name is a LOCAL_HIT of the same keys."""
+    by_name: dict[str, Any] = {
+        "mode": "preferred", "model": REPO_ID, "revision": REVISION, "remote": pushed.read_url,
+        "remote_options": pushed.read_options,
+    }  # fmt: skip
+    domain = tmp_path / "node-b"
+    cold, warm = run_group(tmp_path, node_a.folder, domain, 2, [{**by_name, "placements": True}, by_name])
+    shard_keys = [node_a.keys[name("bfloat16", 2, f"shard-{rank}")] for rank in range(2)]
+    assert [result.get("outcome") for result in cold] == ["remote_import", "remote_import"], cold
+    assert [result["key"] for result in cold] == shard_keys
+    for result, expected in zip(cold, _expected_local_bytes(node_a.folder, 2), strict=True):
+        assert {parameter: digest for parameter, (_p, _d, digest) in result["placements"].items()} == expected
+    assert sorted(path.name for path in FilesystemHostWeightStore(domain).layout.artifacts.iterdir()) == sorted(
+        key for artifact, key in node_a.keys.items() if artifact.dtype == "bfloat16" and artifact.part is not None
+    )
+    assert [(result.get("outcome"), result["key"]) for result in warm] == [("local_hit", key) for key in shard_keys]
 
 
 @pytest.mark.parametrize("pushed", ["s3"], indirect=True)

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ._resolution.checks import check_identity, check_producer, deadline_from
@@ -96,10 +97,47 @@ class HostWeightRuntime:
         self._observers: list[RuntimeObserver] = list(observers)
         self._observer_guard = threading.Lock()
         enabled = config.mode is not RuntimeMode.DISABLED
+        self._given_providers: tuple[RemoteArtifactProvider, ...] = tuple(remote_providers)
         self._remote_providers: tuple[RemoteArtifactProvider, ...] = (
-            tuple(remote_providers) if remote_providers else _configured_providers(config) if enabled else ()
+            self._given_providers if self._given_providers else _configured_providers(config) if enabled else ()
         )
         self._remote_publisher = RemotePublisher(config) if enabled and config.remote_publish else None
+
+    def with_policy(self, mode: RuntimeMode, *, allow_local_build: bool | None = None) -> HostWeightRuntime:
+        """This runtime under another mode (and local-build rule), sharing everything else it was given.
+
+        The derived runtime opens the same store (one store per runtime, whatever factory built it),
+        asks the same remote providers, reports to the same observers (ones added later to either too)
+        and pushes through the same HWR_REMOTE_PUBLISH uploader, so an adapter that must build in
+        REQUIRED mode never loses what the caller configured. Returns `self` when nothing changes.
+        """
+        if not isinstance(mode, RuntimeMode):
+            raise TypeError(f"mode must be a RuntimeMode, got {type(mode).__name__}")
+        local_build = self._config.allow_local_build if allow_local_build is None else allow_local_build
+        config = replace(self._config, mode=mode, allow_local_build=local_build)
+        if config == self._config:
+            return self
+        derived = HostWeightRuntime.__new__(HostWeightRuntime)
+        derived._config = config
+        derived._stores = self._stores
+        derived._observers = self._observers
+        derived._observer_guard = self._observer_guard
+        derived._given_providers = self._given_providers
+        enabled, enabled_before = mode is not RuntimeMode.DISABLED, self._config.mode is not RuntimeMode.DISABLED
+        derived._remote_providers = (
+            self._remote_providers
+            if self._given_providers or (enabled and enabled_before)
+            else _configured_providers(config)
+            if enabled
+            else ()
+        )
+        if not enabled:
+            derived._remote_publisher = None
+        elif enabled_before:
+            derived._remote_publisher = self._remote_publisher
+        else:
+            derived._remote_publisher = RemotePublisher(config) if config.remote_publish else None
+        return derived
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> HostWeightRuntime:

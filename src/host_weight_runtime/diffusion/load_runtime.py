@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
 from ..config import RuntimeMode
 from ..runtime import HostWeightRuntime
@@ -30,6 +29,8 @@ def runtime_for_load(runtime: HostWeightRuntime | None) -> HostWeightRuntime:
 
 
 def required_runtime(runtime: HostWeightRuntime) -> HostWeightRuntime:
-    """The same runtime in REQUIRED mode with local builds allowed: building is the point, a failure must show."""
-    config = replace(runtime.config, mode=RuntimeMode.REQUIRED, allow_local_build=True)
-    return runtime if runtime.config == config else HostWeightRuntime(config)
+    """The same runtime in REQUIRED mode with local builds allowed: building is the point, a failure must show.
+
+    Derived with `with_policy`, so it keeps the caller's remote providers, observers and store.
+    """
+    return runtime.with_policy(RuntimeMode.REQUIRED, allow_local_build=True)

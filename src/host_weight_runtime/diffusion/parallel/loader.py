@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -104,18 +104,11 @@ class _RankLoad:
 
     def lookup(self) -> PartsResolution:
         """The rank's two parts, looked up in PREFERRED mode: a miss is a report, never raised."""
-        preferred = HostWeightRuntime(
-            replace(self.runtime.config, mode=RuntimeMode.PREFERRED), remote_providers=self.runtime.remote_providers
-        )
-        return resolve_parts(preferred, self.parts)
+        return resolve_parts(self.runtime.with_policy(RuntimeMode.PREFERRED), self.parts)
 
     def build(self) -> PartsResolution:
         """The rank's parts streamed from the checkpoint: the bundle writes every missing part of every rank."""
-        build_runtime = HostWeightRuntime(
-            replace(self.runtime.config, mode=RuntimeMode.REQUIRED, allow_local_build=True),
-            remote_providers=self.runtime.remote_providers,
-        )
-        return resolve_parts(build_runtime, self.parts, bundle_producer(self.contexts))
+        return resolve_parts(required_runtime(self.runtime), self.parts, bundle_producer(self.contexts))
 
     def restore(self, lease: HostWeightLease, resolution: PartsResolution) -> LoadedComponent:
         model = restore_into_skeleton(self.skeleton, self.context, lease, fp8=self.fp8)

@@ -232,6 +232,8 @@ def _throughput_dict(samples: ThroughputSamples) -> dict[str, JsonValue]:
     return {
         "payload_bytes": samples.payload_bytes,
         "raw_write_fsync_s": raw.to_dict(),
+        "raw_preallocated_s": Stats.of(samples.raw_preallocated_s).to_dict(),
+        "raw_sized_s": Stats.of(samples.raw_sized_s).to_dict(),
         "publish_s": publish.to_dict(),
         "single_thread_sha256_s": sha.to_dict(),
         "full_checksum_s": full.to_dict(),
