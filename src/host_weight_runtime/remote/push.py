@@ -131,15 +131,22 @@ def _is_key(name: str) -> bool:
     return len(name) == _KEY_LENGTH and set(name) <= _HEX_DIGITS
 
 
-def _local_identity(store: FilesystemHostWeightStore, artifact: str | WeightArtifactIdentity) -> WeightArtifactIdentity:
-    """The identity of a published artifact named by key (read from its manifest) or given directly."""
+_LocalManifest = tuple[bytes, WeightManifest]
+
+
+def _local_identity(
+    store: FilesystemHostWeightStore, artifact: str | WeightArtifactIdentity
+) -> tuple[WeightArtifactIdentity, _LocalManifest | None]:
+    """The identity of a published artifact named by key (read from its manifest) or given directly, and the
+    manifest read for a key (read once)."""
     if isinstance(artifact, WeightArtifactIdentity):
-        return artifact
+        return artifact, None
     if type(artifact) is not str or not _is_key(artifact):
         raise ValueError("push_artifact needs an identity or a 64-character lowercase hex key")
     path = store.layout.artifact_dir(artifact) / MANIFEST_FILE_NAME
     try:
-        manifest = WeightManifest.from_bytes(read_small_file(path, MAX_MANIFEST_BYTES))
+        manifest_bytes = read_small_file(path, MAX_MANIFEST_BYTES)
+        manifest = WeightManifest.from_bytes(manifest_bytes)
     except FileNotFoundError:
         raise HostWeightError(
             failure(
@@ -167,7 +174,7 @@ def _local_identity(store: FilesystemHostWeightStore, artifact: str | WeightArti
                 key=artifact,
             )
         )
-    return manifest.identity
+    return manifest.identity, (manifest_bytes, manifest)
 
 
 def push_artifact(
@@ -186,18 +193,20 @@ def push_artifact(
     bytes under the key, REMOTE_FAILED for network and remote errors (E08).
     """
     started = time.monotonic()
-    identity = _local_identity(store, artifact)
+    identity, local = _local_identity(store, artifact)
     key = identity.key
     reader = FsspecArtifactProvider(url, storage_options=storage_options, timeout_s=timeout_s)
     location = reader.location
     location.require_writable(key)  # before any work: an http(s) remote is read-only
     location.check_target(for_write=True)  # a mistyped folder or a missing bucket, before anything is written
     artifact_dir = store.layout.artifact_dir(key)
-    try:
-        manifest_bytes = read_small_file(artifact_dir / MANIFEST_FILE_NAME, MAX_MANIFEST_BYTES)
-        manifest = WeightManifest.from_bytes(manifest_bytes)
-    except (OSError, ValueError):
-        _raise_unpublished(store, identity, deadline)
+    if local is None:
+        try:
+            data = read_small_file(artifact_dir / MANIFEST_FILE_NAME, MAX_MANIFEST_BYTES)
+            local = data, WeightManifest.from_bytes(data)
+        except (OSError, ValueError):
+            _raise_unpublished(store, identity, deadline)
+    manifest_bytes, manifest = local
     record = RemoteDescriptorRecord(
         identity=identity,
         manifest_sha256=manifest_sha256(manifest_bytes),
@@ -390,6 +399,7 @@ class _LocalVerification:
         self._artifact_dir = artifact_dir
         self._deadline = deadline
         self._outcome: StoreResult | None = None
+        self._leased_manifest: bytes | None = None  # encoded on the thread, beside the upload
         self._problem: HostWeightFailure | None = None
         self.rehashed = False
         self._thread = threading.Thread(target=self._run, name=f"hwr-push-verify-{identity.key[:12]}", daemon=True)
@@ -409,9 +419,11 @@ class _LocalVerification:
             if trusted is None:
                 self.rehashed = True
                 trusted = self._store.lookup(
-                    self._identity, validation=ValidationLevel.FULL_CHECKSUM, deadline=self._deadline
+                    self._identity, validation=ValidationLevel.FULL_CHECKSUM, deadline=self._deadline, prefault=False
                 )
             self._outcome = trusted
+            if trusted.lease is not None:
+                self._leased_manifest = trusted.lease.manifest.to_bytes()
         except HostWeightError as exc:
             self._problem = exc.failure
         except Exception as exc:  # recorded and raised by result(): never lost on this thread
@@ -429,7 +441,7 @@ class _LocalVerification:
         if record is None:
             return None
         outcome = self._store.lookup(
-            self._identity, validation=ValidationLevel.MANIFEST_AND_METADATA, deadline=self._deadline
+            self._identity, validation=ValidationLevel.MANIFEST_AND_METADATA, deadline=self._deadline, prefault=False
         )
         lease = outcome.lease
         if lease is None:
@@ -459,7 +471,7 @@ class _LocalVerification:
                     key=key,
                 )
             )
-        if lease.manifest.to_bytes() != manifest_bytes:
+        if self._leased_manifest != manifest_bytes:
             raise HostWeightError(
                 failure(
                     ResolutionStage.REMOTE,
