@@ -2,7 +2,7 @@
 
 After a local build (resolve's BUILT) or a post-load publication (PUBLISHED), the
 runtime hands the key to `RemotePublisher.push`, which uploads it on a thread of its own
-(`remote.push_in_background`: verified with FULL_CHECKSUM first, descriptor last). The
+(`remote.push_in_background`: only bytes this node hashed in full, descriptor last). The
 request never waits; the process waits for the upload at exit. Every outcome is logged
 (never a credential) and kept for `wait`.
 """

@@ -90,7 +90,7 @@ def _push_one(args: argparse.Namespace, store: FilesystemHostWeightStore, name: 
 
     try:
         if not args.json and sys.stderr.isatty():
-            with stderr_console().status(f"pushing {short_key(key)} to {name} (verifying, then uploading)"):
+            with stderr_console().status(f"pushing {short_key(key)} to {name} (and checking the local copy)"):
                 result = push()
         else:
             result = push()
@@ -156,6 +156,7 @@ def _result_line(result: PushResult) -> Text:
         line.append(
             f"{result.key} -> {result.remote}  {size(result.total_bytes)} of payloads in {seconds(result.elapsed_s)}"
         )
+        line.append(" (re-hashed)" if result.rehashed else " (hashed on this node before)", style="dim")
     else:
         line.append(f"{result.key} at {result.remote}: the remote already holds these exact bytes")
     return line

@@ -76,6 +76,7 @@ class ArtifactLookup:
         validation: ValidationLevel,
         deadline: float | None,
         source: LeaseSource,
+        prefault: bool = True,
     ) -> StoreResult:
         """HIT with a lease (which then holds the shared lock), or MISS / INVALID / FAILED."""
         started = time.monotonic()
@@ -93,7 +94,9 @@ class ArtifactLookup:
             return StoreResult(StoreStatus.FAILED, identity, failure=exc.failure, elapsed_s=time.monotonic() - started)
         lease: HostWeightLease | None = None
         try:
-            status, lease, problem = self._lookup_locked(identity, lock, validation=validation, source=source)
+            status, lease, problem = self._lookup_locked(
+                identity, lock, validation=validation, source=source, prefault=prefault
+            )
             return StoreResult(
                 status,
                 identity,
@@ -113,6 +116,7 @@ class ArtifactLookup:
         *,
         validation: ValidationLevel,
         source: LeaseSource,
+        prefault: bool,
     ) -> tuple[StoreStatus, HostWeightLease | None, HostWeightFailure | None]:
         key = identity.key
         artifact_dir = self._layout.artifact_dir(key)
@@ -132,7 +136,7 @@ class ArtifactLookup:
                 return StoreStatus.FAILED, None, deny_failure
             return StoreStatus.INVALID, None, exc.failure
         lease = self.make_lease(
-            identity, validated, lock, validation=validation, source=source, start_verification=False
+            identity, validated, lock, validation=validation, source=source, start_verification=False, prefault=prefault
         )
         fault_point("lookup.before_deny_recheck")
         if self._deny.present(key):
@@ -152,6 +156,7 @@ class ArtifactLookup:
         validation: ValidationLevel,
         source: LeaseSource,
         start_verification: bool = True,
+        prefault: bool = True,
     ) -> HostWeightLease:
         """Hand a validated artifact's mappings and its held artifact lock over to a new lease.
 
@@ -172,9 +177,9 @@ class ArtifactLookup:
         )
         regions = validated.regions()
         mappings = validated.mappings()
-        prefault = (
+        background = (
             BackgroundPrefault([(region.address, region.length) for region in regions], mappings)
-            if self._prefault
+            if self._prefault and prefault
             else None
         )
         verification = self._verification_for(key, validated, validation=validation, source=source)
@@ -188,7 +193,7 @@ class ArtifactLookup:
             provenance=provenance,
             mappings=mappings,
             lock=UsageRecordingLock(lock, self._storage_class),
-            background=prefault,
+            background=background,
             verification=verification,
         )
 

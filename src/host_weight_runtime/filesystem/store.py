@@ -159,9 +159,16 @@ class FilesystemHostWeightStore:
         *,
         validation: ValidationLevel,
         deadline: float | None = None,
+        prefault: bool = True,
     ) -> StoreResult:
-        """Validated lease of a published artifact, or MISS / INVALID / FAILED; never builds."""
-        return self._lookup.lookup(identity, validation=validation, deadline=deadline, source=LeaseSource.LOCAL_HIT)
+        """Validated lease of a published artifact, or MISS / INVALID / FAILED; never builds.
+
+        `prefault=False` leaves the lease's pages unmapped until read (a caller that only holds the
+        artifact in place, or reads it with system calls, as a push does, saves the page-table work).
+        """
+        return self._lookup.lookup(
+            identity, validation=validation, deadline=deadline, source=LeaseSource.LOCAL_HIT, prefault=prefault
+        )
 
     def get_or_build(
         self,

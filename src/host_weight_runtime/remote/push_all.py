@@ -3,7 +3,7 @@
 A node whose artifacts came from local builds, post-load publications or imports can
 seed a new remote (or a second region) in one call. Each key goes through `push_artifact`,
 so what the remote already holds is reported ALREADY_PRESENT without being re-read, and a
-local copy that fails FULL_CHECKSUM is reported for that key without stopping the others.
+local copy that fails its re-hash is reported for that key without stopping the others.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .push import PushResult, push_artifact
 
 __all__ = ["PushAllOutcome", "pushable_keys", "push_all_artifacts"]
 
-# A complete local artifact: published and valid by metadata (its bytes are re-hashed before any upload).
+# A complete local artifact: published and valid by metadata (push uploads only bytes this node hashed).
 _PUSHABLE = frozenset({ArtifactState.READY, ArtifactState.UNVERIFIED})
 
 

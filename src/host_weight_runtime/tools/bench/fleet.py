@@ -33,7 +33,7 @@ from host_weight_runtime import (
 from ..common import JsonValue, remove_tree
 from .stats import Stats
 
-__all__ = ["measure_fleet"]
+__all__ = ["measure_fleet", "measure_push"]
 
 
 def _timed(action: Callable[[], None]) -> float:
@@ -111,6 +111,13 @@ def _push_vs_upload(
         "plain_upload_s": uploaded.to_dict(),
         "push_vs_plain_upload": None if pushed.median <= 0 else uploaded.median / pushed.median,
     }
+
+
+def measure_push(
+    store: FilesystemHostWeightStore, key: str, url: str, options: dict[str, Any], *, runs: int
+) -> dict[str, JsonValue]:
+    """Only the push pair for one remote: `hwr push` to a fresh prefix vs a plain upload, alternating first."""
+    return _push_vs_upload(store, key, url, options, runs)
 
 
 def _node_b_vs_copy(
