@@ -65,13 +65,16 @@ def plan_ranges(
     tensors: tuple[TensorManifestEntry, ...],
     chunk_bytes: int,
     *,
+    head_bytes: int | None = None,
     tail_bytes: int | None = None,
 ) -> list[ReadRange]:
     """Split a file's data section into reads of about `chunk_bytes`, each ending on a row boundary.
 
-    With `tail_bytes`, the ranges shrink towards the end of the file (each at most half of what is
-    left, never under `tail_bytes`): the last file of an import ends with a small range, so the hash
-    still running after the last byte was copied is that of a few MiB, not of a whole range.
+    With `head_bytes`, the ranges grow from `head_bytes` (each at most twice what came before it): the
+    first file of an import starts with a small range, so hashing starts after a few MiB were copied.
+    With `tail_bytes`, they shrink towards the end of the file (each at most half of what is left, never
+    under `tail_bytes`): the last file ends with a small range, so the hash still running after the
+    last byte was copied is that of a few MiB, not of a whole range.
     """
     ranges: list[ReadRange] = []
     pending: list[RangeWrite] = []
@@ -79,9 +82,12 @@ def plan_ranges(
     position = file.header_size
 
     def cap() -> int:
-        if tail_bytes is None:
-            return chunk_bytes
-        return min(chunk_bytes, max(tail_bytes, (file.size - range_start + 1) // 2))
+        limit = chunk_bytes
+        if head_bytes is not None:
+            limit = min(limit, max(head_bytes, 2 * (range_start - file.header_size)))
+        if tail_bytes is not None:
+            limit = min(limit, max(tail_bytes, (file.size - range_start + 1) // 2))
+        return limit
 
     limit = cap()
 

@@ -59,9 +59,10 @@ __all__ = [
 
 DEFAULT_CHUNK_BYTES = 32 << 20
 DEFAULT_MAX_CONCURRENCY = 4
-# The last file's ranges shrink to 1/TAIL_DIVISOR of a range (`plan_ranges`' tail, 2 MiB by default): the
-# hash of that last range is all that is left to do once the last byte was copied.
-TAIL_DIVISOR = 16
+# A file:// import's first ranges grow from, and its last ranges shrink to, 1/EDGE_DIVISOR of a range (2 MiB
+# by default; `plan_ranges`): hashing starts after that much was copied, and the hash of the last range is
+# all that is left to do once the last byte was copied.
+EDGE_DIVISOR = 16
 
 
 class FsspecArtifactProvider:
@@ -261,9 +262,9 @@ class FsspecArtifactProvider:
         ):
             finish: Callable[[], None] | None = None
             for index, file in enumerate(manifest.files):
-                last = index == len(manifest.files) - 1
+                edges = (index == 0, index == len(manifest.files) - 1)
                 finish = self._fetch_file(
-                    key, file, by_file[file.name], writer, pool=pool, lanes=lanes, before=finish, last=last
+                    key, file, by_file[file.name], writer, pool=pool, lanes=lanes, before=finish, edges=edges
                 )
             if finish is not None:
                 finish()
@@ -342,19 +343,29 @@ class FsspecArtifactProvider:
         pool: ThreadPoolExecutor,
         lanes: HashLanes,
         before: Callable[[], None] | None,
-        last: bool = False,
+        edges: tuple[bool, bool] = (False, False),
     ) -> Callable[[], None] | None:
         """Import one payload file; a local copy returns its finish (wait for the last hash, close, compare),
-        which the next file runs once its first range was copied, so that copy overlaps the hash; the last
-        file's ranges shrink towards its end, as nothing follows to overlap its final hash."""
+        which the next file runs once its first range was copied, so that copy overlaps the hash. `edges` says
+        whether this is the first and the last file: a local copy's first file starts with small ranges (nothing
+        to hash yet) and its last file ends with small ones (nothing left to copy while its last range hashes)."""
         specs = tuple(spec_of(entry) for entry in tensors)
         relative = f"{key}/{file.name}"
         plan = plan_ranges(file, tensors, self._chunk_bytes)
         staging = isinstance(writer, StagingArtifactWriter)
         if isinstance(writer, StagingArtifactWriter) and self._location.local:
             opened = writer.open_tensor_file(file.name, specs, ordered=True, caller_hashes=True)
-            tail = self._chunk_bytes // TAIL_DIVISOR if last else None
-            return self._copy_file(key, file, tensors, opened, lanes=lanes, before=before, tail_bytes=tail)
+            small = self._chunk_bytes // EDGE_DIVISOR
+            return self._copy_file(
+                key,
+                file,
+                tensors,
+                opened,
+                lanes=lanes,
+                before=before,
+                head_bytes=small if edges[0] else None,
+                tail_bytes=small if edges[1] else None,
+            )
         if before is not None:
             before()
         read = self._read_bytes if staging else functools.partial(self._read_range, buffers=lanes.buffers)
@@ -413,6 +424,7 @@ class FsspecArtifactProvider:
         *,
         lanes: HashLanes,
         before: Callable[[], None] | None,
+        head_bytes: int | None,
         tail_bytes: int | None,
     ) -> Callable[[], None]:
         """A local source: each range copied by the kernel into the staged file, then hashed from the stored
@@ -426,7 +438,7 @@ class FsspecArtifactProvider:
         last: Future[None] | None = None
         source_fd: int | None = None
         try:
-            for item in plan_ranges(file, tensors, self._chunk_bytes, tail_bytes=tail_bytes):
+            for item in plan_ranges(file, tensors, self._chunk_bytes, head_bytes=head_bytes, tail_bytes=tail_bytes):
                 fault_point("remote.fetch.chunk")
                 wanted = item.end - item.start
                 if source_fd is None:

@@ -1,7 +1,8 @@
-"""The last file of a `file://` import is read in ranges that shrink towards its end, so that little hashing is
-left once the last byte was copied (E12); every byte of that tail is still hashed and compared before
-publication, so a flipped byte in any tail range, or a source cut short while its file is copied (the object
-is opened once per file), is a non-retryable remote_failed with nothing visible (E03).
+"""The first file of a `file://` import is read in ranges that grow from a small one (hashing starts early) and
+the last file in ranges that shrink towards its end (little hashing left once the last byte was copied) (E12);
+every byte of those edges is still hashed and compared before publication, so a flipped byte in any of them,
+or a source cut short while its file is copied (the object is opened once per file), is a non-retryable
+remote_failed with nothing visible (E03).
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ def _pushed(tmp_path: Path) -> tuple[Node, Path, WeightManifest]:
     return node_a, folder, manifest
 
 
-def _plan(manifest: WeightManifest, index: int, tail_bytes: int | None) -> list[ReadRange]:
+def _plan(
+    manifest: WeightManifest, index: int, *, head_bytes: int | None = None, tail_bytes: int | None = None
+) -> list[ReadRange]:
     file = manifest.files[index]
     tensors = tuple(sorted((t for t in manifest.tensors if t.file == file.name), key=lambda t: t.data_offsets))
-    return plan_ranges(file, tensors, CHUNK, tail_bytes=tail_bytes)
+    return plan_ranges(file, tensors, CHUNK, head_bytes=head_bytes, tail_bytes=tail_bytes)
 
 
 def _covered(ranges: list[ReadRange]) -> list[tuple[str, int, int]]:
@@ -54,42 +57,56 @@ def _covered(ranges: list[ReadRange]) -> list[tuple[str, int, int]]:
     return pieces
 
 
-def test_the_tail_plan_shrinks_and_still_covers_every_byte_once(tmp_path: Path) -> None:
-    """E12: with a tail, the ranges are contiguous from the header to the end of the file, none is longer
-    than a range, they shrink towards the end down to the tail size (or one row), and the tensors' bytes
-    are written exactly as the plan without a tail writes them."""
+@pytest.mark.parametrize("edge", ["head", "tail", "both"])
+def test_the_edge_plans_taper_and_still_cover_every_byte_once(tmp_path: Path, edge: str) -> None:
+    """E12: with a head and/or a tail, the ranges are contiguous from the header to the end of the file, none
+    is longer than a range, the first is small (head) and the last is small (tail), down to the edge size or
+    one row, and the tensors' bytes are written exactly as the plan without edges writes them."""
     _, _, manifest = _pushed(tmp_path)
-    file = manifest.files[-1]
-    plain = _plan(manifest, -1, None)
-    tail = _plan(manifest, -1, CHUNK // 16)
-    assert len(tail) > len(plain)  # the tail split the end of the file further
-    position = file.header_size
-    for item in tail:
-        assert item.start == position and item.end > item.start
-        assert item.end - item.start <= CHUNK
-        assert sum(write.nbytes for write in item.writes) == item.end - item.start
-        position = item.end
-    assert position == file.size
-    largest_row = max(t.nbytes // t.shape[0] for t in manifest.tensors if t.file == file.name and t.shape)
-    sizes = [item.end - item.start for item in tail]
-    assert sizes[-1] <= max(CHUNK // 16, largest_row)
-    assert sizes[-1] < CHUNK // 2
-    assert _covered(tail) == _covered(plain)
+    for index, file in enumerate(manifest.files):
+        plain = _plan(manifest, index)
+        edges = {
+            "head_bytes": CHUNK // 16 if edge in ("head", "both") else None,
+            "tail_bytes": CHUNK // 16 if edge in ("tail", "both") else None,
+        }
+        tapered = _plan(manifest, index, **edges)
+        position = file.header_size
+        for item in tapered:
+            assert item.start == position and item.end > item.start
+            assert item.end - item.start <= CHUNK
+            assert sum(write.nbytes for write in item.writes) == item.end - item.start
+            position = item.end
+        assert position == file.size
+        assert _covered(tapered) == _covered(plain)
+        largest_row = max(t.nbytes // t.shape[0] for t in manifest.tensors if t.file == file.name and t.shape)
+        sizes = [item.end - item.start for item in tapered]
+        if file.size - file.header_size > 2 * CHUNK:
+            assert len(tapered) > len(plain)  # the edges split the file further
+        for wanted, size in (("head_bytes", sizes[0]), ("tail_bytes", sizes[-1])):
+            if edges[wanted] is not None:
+                assert size <= max(CHUNK // 16, largest_row) and size < CHUNK // 2
 
 
-@pytest.mark.parametrize("where", ["first_tail_range", "middle_tail_range", "last_byte"])
-def test_a_flipped_byte_in_the_tail_is_caught(tmp_path: Path, where: str) -> None:
-    """E03, E12: a byte flipped inside any of the shrinking last ranges of the last file fails the import
-    (non-retryable remote_failed) and node B keeps nothing."""
+@pytest.mark.parametrize(
+    "where",
+    ["first_byte", "middle_head_range", "last_head_range", "first_tail_range", "middle_tail_range", "last_byte"],
+)
+def test_a_flipped_byte_in_an_edge_is_caught(tmp_path: Path, where: str) -> None:
+    """E03, E12: a byte flipped inside any of the growing first ranges of the first file or of the shrinking
+    last ranges of the last file fails the import (non-retryable remote_failed) and node B keeps nothing."""
     _, folder, manifest = _pushed(tmp_path)
-    tail = [item for item in _plan(manifest, -1, CHUNK // 16) if item.end - item.start < CHUNK]
-    assert len(tail) >= 3
-    offset = {
-        "first_tail_range": tail[0].start,
-        "middle_tail_range": (tail[len(tail) // 2].start + tail[len(tail) // 2].end) // 2,
-        "last_byte": tail[-1].end - 1,
+    head = [item for item in _plan(manifest, 0, head_bytes=CHUNK // 16) if item.end - item.start < CHUNK]
+    tail = [item for item in _plan(manifest, -1, tail_bytes=CHUNK // 16) if item.end - item.start < CHUNK]
+    assert len(head) >= 3 and len(tail) >= 3
+    index, offset = {
+        "first_byte": (0, head[0].start),
+        "middle_head_range": (0, (head[len(head) // 2].start + head[len(head) // 2].end) // 2),
+        "last_head_range": (0, head[-1].end - 1),
+        "first_tail_range": (-1, tail[0].start),
+        "middle_tail_range": (-1, (tail[len(tail) // 2].start + tail[len(tail) // 2].end) // 2),
+        "last_byte": (-1, tail[-1].end - 1),
     }[where]
-    payload = folder / make_identity().key / manifest.files[-1].name
+    payload = folder / make_identity().key / manifest.files[index].name
     data = bytearray(payload.read_bytes())
     data[offset] ^= 0x10
     payload.write_bytes(bytes(data))
@@ -106,7 +123,7 @@ def test_a_source_cut_short_while_its_file_is_copied_fails_typed(tmp_path: Path)
     next copy comes up short: a non-retryable remote_failed naming the object, nothing visible on node B."""
     _, folder, manifest = _pushed(tmp_path)
     payload = folder / make_identity().key / manifest.files[0].name
-    assert len(_plan(manifest, 0, None)) >= 2
+    assert len(_plan(manifest, 0)) >= 2
     calls: list[str] = []
 
     def cut(point: str) -> None:
