@@ -70,8 +70,9 @@ def plan_ranges(
 ) -> list[ReadRange]:
     """Split a file's data section into reads of about `chunk_bytes`, each ending on a row boundary.
 
-    With `head_bytes`, the ranges grow from `head_bytes` (each at most twice what came before it): the
-    first file of an import starts with a small range, so hashing starts after a few MiB were copied.
+    With `head_bytes`, the ranges grow from `head_bytes` (each at most as long as all before it, so their
+    ends stay on the same power-of-two boundaries as whole ranges and digest chunks): the first file of an
+    import starts with a small range, so hashing starts after a few MiB were copied.
     With `tail_bytes`, they shrink towards the end of the file (each at most half of what is left, never
     under `tail_bytes`): the last file ends with a small range, so the hash still running after the
     last byte was copied is that of a few MiB, not of a whole range.
@@ -84,7 +85,7 @@ def plan_ranges(
     def cap() -> int:
         limit = chunk_bytes
         if head_bytes is not None:
-            limit = min(limit, max(head_bytes, 2 * (range_start - file.header_size)))
+            limit = min(limit, max(head_bytes, range_start - file.header_size))
         if tail_bytes is not None:
             limit = min(limit, max(tail_bytes, (file.size - range_start + 1) // 2))
         return limit
