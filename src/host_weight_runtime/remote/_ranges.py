@@ -60,24 +60,50 @@ class ReadRange:
     writes: tuple[RangeWrite, ...]
 
 
-def plan_ranges(file: FileManifestEntry, tensors: tuple[TensorManifestEntry, ...], chunk_bytes: int) -> list[ReadRange]:
-    """Split a file's data section into reads of about `chunk_bytes`, each ending on a row boundary."""
+def plan_ranges(
+    file: FileManifestEntry,
+    tensors: tuple[TensorManifestEntry, ...],
+    chunk_bytes: int,
+    *,
+    head_bytes: int | None = None,
+    tail_bytes: int | None = None,
+) -> list[ReadRange]:
+    """Split a file's data section into reads of about `chunk_bytes`, each ending on a row boundary.
+
+    With `head_bytes`, the ranges grow from `head_bytes` (each at most as long as all before it, so their
+    ends stay on the same power-of-two boundaries as whole ranges and digest chunks): the first file of an
+    import starts with a small range, so hashing starts after a few MiB were copied.
+    With `tail_bytes`, they shrink towards the end of the file (each at most half of what is left, never
+    under `tail_bytes`): the last file ends with a small range, so the hash still running after the
+    last byte was copied is that of a few MiB, not of a whole range.
+    """
     ranges: list[ReadRange] = []
     pending: list[RangeWrite] = []
     range_start = file.header_size
     position = file.header_size
 
+    def cap() -> int:
+        limit = chunk_bytes
+        if head_bytes is not None:
+            limit = min(limit, max(head_bytes, range_start - file.header_size))
+        if tail_bytes is not None:
+            limit = min(limit, max(tail_bytes, (file.size - range_start + 1) // 2))
+        return limit
+
+    limit = cap()
+
     def flush() -> None:
-        nonlocal pending, range_start
+        nonlocal pending, range_start, limit
         if pending:
             ranges.append(ReadRange(range_start, position, tuple(pending)))
         pending = []
         range_start = position
+        limit = cap()
 
     for entry in tensors:
         spec = spec_of(entry)
         if not entry.shape or entry.nbytes == 0:
-            if position - range_start + entry.nbytes > chunk_bytes:
+            if position - range_start + entry.nbytes > limit:
                 flush()
             pending.append(RangeWrite(spec, entry, None, 0, position - range_start, entry.nbytes))
             position += entry.nbytes
@@ -86,10 +112,10 @@ def plan_ranges(file: FileManifestEntry, tensors: tuple[TensorManifestEntry, ...
         row_bytes = entry.nbytes // rows_total
         row = 0
         while row < rows_total:
-            room = chunk_bytes - (position - range_start)
+            room = limit - (position - range_start)
             if room < row_bytes and pending:
                 flush()
-                room = chunk_bytes
+                room = limit
             rows = min(rows_total - row, max(1, room // row_bytes))
             nbytes = rows * row_bytes
             pending.append(RangeWrite(spec, entry, row, rows, position - range_start, nbytes))

@@ -59,8 +59,10 @@ __all__ = [
 
 DEFAULT_CHUNK_BYTES = 32 << 20
 DEFAULT_MAX_CONCURRENCY = 4
-
-
+# A file:// import's first ranges grow from, and its last ranges shrink to, 1/EDGE_DIVISOR of a range (2 MiB
+# by default; `plan_ranges`): hashing starts after that much was copied, and the hash of the last range is
+# all that is left to do once the last byte was copied.
+EDGE_DIVISOR = 16
 
 
 class FsspecArtifactProvider:
@@ -259,8 +261,11 @@ class FsspecArtifactProvider:
             ) as lanes,
         ):
             finish: Callable[[], None] | None = None
-            for file in manifest.files:
-                finish = self._fetch_file(key, file, by_file[file.name], writer, pool=pool, lanes=lanes, before=finish)
+            for index, file in enumerate(manifest.files):
+                edges = (index == 0, index == len(manifest.files) - 1)
+                finish = self._fetch_file(
+                    key, file, by_file[file.name], writer, pool=pool, lanes=lanes, before=finish, edges=edges
+                )
             if finish is not None:
                 finish()
         return ProductionMetadata(
@@ -338,16 +343,29 @@ class FsspecArtifactProvider:
         pool: ThreadPoolExecutor,
         lanes: HashLanes,
         before: Callable[[], None] | None,
+        edges: tuple[bool, bool] = (False, False),
     ) -> Callable[[], None] | None:
         """Import one payload file; a local copy returns its finish (wait for the last hash, close, compare),
-        which the next file runs once its first range was copied, so that copy overlaps the hash."""
+        which the next file runs once its first range was copied, so that copy overlaps the hash. `edges` says
+        whether this is the first and the last file: a local copy's first file starts with small ranges (nothing
+        to hash yet) and its last file ends with small ones (nothing left to copy while its last range hashes)."""
         specs = tuple(spec_of(entry) for entry in tensors)
         relative = f"{key}/{file.name}"
         plan = plan_ranges(file, tensors, self._chunk_bytes)
         staging = isinstance(writer, StagingArtifactWriter)
         if isinstance(writer, StagingArtifactWriter) and self._location.local:
             opened = writer.open_tensor_file(file.name, specs, ordered=True, caller_hashes=True)
-            return self._copy_file(key, file, tensors, opened, lanes=lanes, before=before)
+            small = self._chunk_bytes // EDGE_DIVISOR
+            return self._copy_file(
+                key,
+                file,
+                tensors,
+                opened,
+                lanes=lanes,
+                before=before,
+                head_bytes=small if edges[0] else None,
+                tail_bytes=small if edges[1] else None,
+            )
         if before is not None:
             before()
         read = self._read_bytes if staging else functools.partial(self._read_range, buffers=lanes.buffers)
@@ -406,32 +424,38 @@ class FsspecArtifactProvider:
         *,
         lanes: HashLanes,
         before: Callable[[], None] | None,
+        head_bytes: int | None,
+        tail_bytes: int | None,
     ) -> Callable[[], None]:
         """A local source: each range copied by the kernel into the staged file, then hashed from the stored
         pages on the lane while the next range copies (what is hashed is exactly what was stored).
-        `before` (the previous file's finish) runs once the first range was copied. Returns this file's
+        `before` (the previous file's finish) runs once the first range was copied. The object is opened
+        once: whatever its descriptor reads is what gets hashed and compared. Returns this file's
         finish: wait for its last hash, close it with the digests, compare them."""
         assert isinstance(file_writer, StagingTensorFileWriter)
         relative = f"{key}/{file.name}"
         hashers = lanes.open_file(tensors)
         last: Future[None] | None = None
-        for item in plan_ranges(file, tensors, self._chunk_bytes):
-            fault_point("remote.fetch.chunk")
-            wanted = item.end - item.start
-            source_fd = self._location.open_local(relative)  # per range, as a ranged read sees the object now
-            assert source_fd is not None
-            try:
+        source_fd: int | None = None
+        try:
+            for item in plan_ranges(file, tensors, self._chunk_bytes, head_bytes=head_bytes, tail_bytes=tail_bytes):
+                fault_point("remote.fetch.chunk")
+                wanted = item.end - item.start
+                if source_fd is None:
+                    source_fd = self._location.open_local(relative)
+                    assert source_fd is not None
                 stored = file_writer.copy_data(source_fd, item.start, wanted)
-            finally:
+                if len(stored) != wanted:
+                    stored.close()
+                    raise self._short_read(relative, item, len(stored))
+                last = lanes.hash_mapped(hashers, stored, item.writes)
+                if before is not None:
+                    finish_previous: Callable[[], None] = before
+                    before = None
+                    finish_previous()
+        finally:
+            if source_fd is not None:
                 os.close(source_fd)
-            if len(stored) != wanted:
-                stored.close()
-                raise self._short_read(relative, item, len(stored))
-            last = lanes.hash_mapped(hashers, stored, item.writes)
-            if before is not None:
-                finish_previous: Callable[[], None] = before
-                before = None
-                finish_previous()
         if before is not None:
             before()
 
