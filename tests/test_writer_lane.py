@@ -43,12 +43,24 @@ def _no_leftover_faults() -> Iterator[None]:
     disarm_all()
 
 
-def _lane_threads() -> list[str]:
-    return [thread.name for thread in threading.enumerate() if thread.name.startswith(_LANE_THREADS)]
+@pytest.fixture
+def lane_threads_before() -> set[threading.Thread]:
+    """Lane threads already running (writers that other tests left open keep theirs); a test adds none."""
+    return set(_lane_threads())
+
+
+def _lane_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name.startswith(_LANE_THREADS)]
+
+
+def _new_lane_threads(before: set[threading.Thread]) -> list[str]:
+    return [thread.name for thread in _lane_threads() if thread not in before]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda algorithm: algorithm.value)
-def test_s05_the_split_lane_gives_the_serial_tree_digest_for_any_pieces(algorithm: DigestAlgorithm) -> None:
+def test_s05_the_split_lane_gives_the_serial_tree_digest_for_any_pieces(
+    algorithm: DigestAlgorithm, lane_threads_before: set[threading.Thread]
+) -> None:
     """S05: tensors of odd sizes (empty, shorter than a leaf, exactly a leaf, many leaves plus a partial one),
     fed in pieces of random sizes that cut leaves anywhere, interleaved, get the serial tree digest of their
     bytes, and the write thread stores exactly those bytes."""
@@ -78,11 +90,13 @@ def test_s05_the_split_lane_gives_the_serial_tree_digest_for_any_pieces(algorith
             assert bytes(stored[name]) == payload
     finally:
         lane.drain()
-    assert _lane_threads() == []
+    assert _new_lane_threads(lane_threads_before) == []
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda algorithm: algorithm.value)
-def test_s05_s06_many_small_copied_tensors_match_the_written_ones(tmp_path: Path, algorithm: DigestAlgorithm) -> None:
+def test_s05_s06_many_small_copied_tensors_match_the_written_ones(
+    tmp_path: Path, algorithm: DigestAlgorithm, lane_threads_before: set[threading.Thread]
+) -> None:
     """S05/S06: many small tensors of odd row counts, copied (converted FP32 -> BF16) in odd steps through the
     split lane, give the file bytes and digests of `write_rows` of the converted rows; no lane thread stays."""
     sources = {
@@ -107,7 +121,7 @@ def test_s05_s06_many_small_copied_tensors_match_the_written_ones(tmp_path: Path
         (written,) = writer.finish()
         results.append((written, (writer.staging_dir / "model.safetensors").read_bytes()))
     assert results[0] == results[1]
-    assert _lane_threads() == []
+    assert _new_lane_threads(lane_threads_before) == []
 
 
 class _CopyingProducer(SyntheticProducer):
@@ -147,7 +161,7 @@ def _hash_thread_raises(_point: str) -> None:
     ids=["enospc-mid-write", "eio-write", "eio-hash", "exception-in-hash-thread"],
 )
 def test_s18_a_failure_on_either_lane_thread_is_typed_leaves_nothing_and_no_thread(
-    tmp_path: Path, point: str, fault: Fault, code: FailureCode
+    tmp_path: Path, point: str, fault: Fault, code: FailureCode, lane_threads_before: set[threading.Thread]
 ) -> None:
     """S18 S16: ENOSPC/EIO on the lane's write thread, EIO or an unexpected exception on its hash thread,
     ends the build as one typed failure (ENOSPC/EIO retryable, the exception a non-retryable
@@ -169,5 +183,5 @@ def test_s18_a_failure_on_either_lane_thread_is_typed_leaves_nothing_and_no_thre
     assert result.failure is not None and result.failure.code is code, result.failure
     assert result.failure.retryable is (code is not FailureCode.PRODUCER_FAILED)
     assert_nothing_left(store)
-    assert _lane_threads() == []
+    assert _new_lane_threads(lane_threads_before) == []
     assert_usable_after(store)

@@ -12,9 +12,9 @@ if TYPE_CHECKING:
 __all__ = ["CAST_BUFFERS", "CastBuffers"]
 
 
-CAST_BUFFERS = 3
-"""Buffers in rotation: one being converted into while the lane writes and hashes the one before, and one spare,
-so a write that runs late (another process took the core) does not stop the conversion at once."""
+CAST_BUFFERS = 2
+"""Buffers in rotation: one being converted into while the lane writes and hashes the other. A third one
+cost about 15% more CPU on the 2-core VM (three 16 MiB buffers no longer stay in its 32 MiB L3 cache)."""
 
 
 class CastBuffers:
