@@ -151,7 +151,7 @@ def test_copied_rows_are_hashed_behind_the_copy_and_never_read_back(tmp_path: Pa
 
 @pytest.mark.parametrize("point", ["writer.pwrite", "writer.after_pwrite"])
 def test_s18_enospc_while_the_lane_writes_copied_rows_is_typed_and_leaves_nothing(tmp_path: Path, point: str) -> None:
-    """S18: copied rows are written by the hash lane, so an ENOSPC there surfaces from a later copy_rows or
+    """S18: copied rows are written by the lane, so an ENOSPC there surfaces from a later copy_rows or
     from close as a typed, retryable NO_SPACE; the file is never accepted and the writer cannot finish."""
     writer = new_writer(tmp_path, chunk_bytes=SMALL_CHUNK)
     file_writer = writer.open_tensor_file("model.safetensors", _specs(), ordered=True)
@@ -175,8 +175,9 @@ def test_s18_enospc_while_the_lane_writes_copied_rows_is_typed_and_leaves_nothin
 
 
 def test_s05_copied_rows_are_written_on_the_lane_in_order_before_close_returns(tmp_path: Path) -> None:
-    """S05: the producer's thread only converts; every pwrite of copied rows runs on the hash lane, in the
-    file's order, and all of them are done when close returns (the fsynced file holds every byte)."""
+    """S05: the producer's thread only converts; every pwrite of copied rows runs on the lane's write thread
+    (beside its hash thread), in the file's order, and all of them are done when close returns (the fsynced
+    file holds every byte)."""
     writes: list[str] = []
 
     def record(_point: str) -> None:
@@ -187,7 +188,7 @@ def test_s05_copied_rows_are_written_on_the_lane_in_order_before_close_returns(t
     pieces = sum(-(-rows.shape[0] // 5) for rows, _dtype in _SOURCES.values())
     assert writes[0] == threading.current_thread().name  # the header, written when the file is created
     assert len(writes) == 1 + pieces
-    assert all(name.startswith("hwr-hash-lane") for name in writes[1:])
+    assert all(name.startswith("hwr-write-lane") for name in writes[1:])
     _reference_writer, reference = _write(tmp_path / "reference", copy=False)
     assert written == reference
     path = writer.staging_dir / "model.safetensors"

@@ -1,5 +1,5 @@
-"""The one place the writer hashes payload bytes: rows converted by the writer are written and hashed in order
-on one lane thread from the buffer they were converted into (still in cache, never read back); other
+"""The one place the writer hashes payload bytes: rows converted by the writer are written on one lane thread
+and hashed in order on another, both from the buffer they were converted into (never read back); other
 ordered writes are read back tensor by tensor on the pool behind the writes; unordered files from one mapping at close.
 """
 
@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 
 from .._digest import (
     DEFAULT_DIGEST_ALGORITHM,
@@ -44,22 +46,27 @@ def hash_file_range(
 
 
 class InOrderHashLane:
-    """Tree digests of tensors whose bytes are handed over in order, hashed on one thread behind the writer.
+    """Tree digests of tensors whose bytes are handed over in order: written on one thread and hashed on another.
 
-    The writer converts rows into a reused buffer and hands the lane that buffer: the lane writes it
-    to the file and hashes it while it is still in cache (on the second core where there is one) as
-    the next chunk converts, and nothing is read back from the file later. One thread keeps each tensor's chunks in
-    order; the digest is the same tree digest a read-back would give (docs/DIGEST.md).
+    The writer converts rows into a reused buffer and hands the lane that buffer: the write thread
+    `pwrite`s it while the hash thread hashes it (both only read it, and both release the GIL), as
+    the next chunk converts, so on two cores converting, writing and hashing overlap instead of
+    writing and hashing taking turns. Nothing is read back from the file later. The one hash thread
+    keeps each tensor's chunks in order; the digest is the same tree digest a read-back would give
+    (docs/DIGEST.md). The first failure on either thread is kept; later pieces are skipped and the
+    writer's next `feed` or `wait` raises it.
     """
 
-    __slots__ = ("_algorithm", "_chunk_bytes", "_error", "_hashers", "_last", "_pool")
+    __slots__ = ("_algorithm", "_chunk_bytes", "_error", "_hash_pool", "_hashers", "_last", "_lock", "_write_pool")
 
     def __init__(self, *, chunk_bytes: int, algorithm: DigestAlgorithm) -> None:
         self._chunk_bytes = chunk_bytes
         self._algorithm = algorithm
         self._hashers: dict[str, TreeHasher] = {}
-        self._pool: ThreadPoolExecutor | None = None
-        self._last: Future[None] | None = None
+        self._hash_pool: ThreadPoolExecutor | None = None
+        self._write_pool: ThreadPoolExecutor | None = None
+        self._last: list[Future[None]] = []  # the latest piece on each thread: every earlier one is done first
+        self._lock = threading.Lock()
         self._error: BaseException | None = None  # the first failed piece; later pieces are skipped
 
     def feed(
@@ -67,31 +74,40 @@ class InOrderHashLane:
     ) -> Future[None]:
         """Hash bytes [begin, end) of `whole` as the next bytes of tensor `name`; done when the future is.
 
-        `store`, when given, runs on the lane first (the writer's `pwrite` of those bytes), so the caller's
-        thread goes on converting the next chunk. The caller keeps the bytes unchanged until the future is done."""
+        `store`, when given, runs on the write thread at the same time (the writer's `pwrite` of those
+        bytes), so the caller's thread goes on converting the next chunk. The future is done once both
+        the write and the hash are; the caller keeps the bytes unchanged until then."""
+        if self._error is not None:
+            raise self._error  # an earlier piece failed: stop the writer now rather than at close
         hasher = self._hashers.get(name)
         if hasher is None:
             hasher = self._hashers[name] = TreeHasher(self._chunk_bytes, self._algorithm)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-hash-lane")
-        if self._error is not None:
-            raise self._error  # an earlier piece failed: stop the writer now rather than at close
-        self._last = self._pool.submit(self._hash_piece, hasher, whole, begin, end, store)
-        return self._last
+        if self._hash_pool is None:
+            self._hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-hash-lane")
+        hashed = self._hash_pool.submit(self._run, lambda: self._hash_piece(hasher, whole, begin, end))
+        if store is None:
+            self._last = [hashed]
+            return hashed
+        if self._write_pool is None:
+            self._write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-write-lane")
+        stored = self._write_pool.submit(self._run, store)
+        self._last = [hashed, stored]
+        return _when_both(hashed, stored)
 
-    def _hash_piece(
-        self, hasher: TreeHasher, whole: memoryview, begin: int, end: int, store: Callable[[], None] | None
-    ) -> None:
+    def _run(self, step: Callable[[], None]) -> None:
         if self._error is not None:
             return
         try:
-            if store is not None:
-                store()
-            fault_point("writer.hash")
-            with whole[begin:end] as piece:
-                hasher.update(piece)
+            step()
         except BaseException as exc:  # recorded, raised by the writer's next feed or wait
-            self._error = exc
+            with self._lock:
+                if self._error is None:
+                    self._error = exc
+
+    def _hash_piece(self, hasher: TreeHasher, whole: memoryview, begin: int, end: int) -> None:
+        fault_point("writer.hash")
+        with whole[begin:end] as piece:
+            hasher.update(piece)
 
     def holds(self, name: str) -> bool:
         """Whether tensor `name` is hashed by this lane (it was fed)."""
@@ -103,17 +119,36 @@ class InOrderHashLane:
         return self._hashers[name].hexdigest()
 
     def wait(self) -> None:
-        """Wait until every piece fed so far is hashed; raises the first failure of any of them."""
-        if self._last is not None:
-            self._last.result()
+        """Wait until every piece fed so far is written and hashed; raises the first failure of any of them."""
+        if self._last:
+            futures_wait(self._last)
         if self._error is not None:
             raise self._error
 
     def drain(self) -> None:
-        """Stop the lane once every queued piece has run (so none reads a closed mapping); never raises."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        """Stop both threads once every queued piece has run (so none reads a closed mapping); never raises."""
+        for pool in (self._hash_pool, self._write_pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._hash_pool = self._write_pool = None
+
+
+def _when_both(first: Future[None], second: Future[None]) -> Future[None]:
+    """A future done once `first` and `second` both are (neither raises: the lane records failures itself)."""
+    both: Future[None] = Future()
+    remaining = [2]
+    guard = threading.Lock()
+
+    def one_done(_future: Future[None]) -> None:
+        with guard:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            both.set_result(None)
+
+    first.add_done_callback(one_done)
+    second.add_done_callback(one_done)
+    return both
 
 
 class PayloadHasher:
