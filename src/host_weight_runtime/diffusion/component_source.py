@@ -177,6 +177,17 @@ def node_digest_cache(runtime: HostWeightRuntime) -> NodeSourceDigestCache | Non
     return NodeSourceDigestCache(runtime.config.resolved_root, timeout_seconds=runtime.config.lock_timeout_s)
 
 
+def existing_node_digest_cache(runtime: HostWeightRuntime) -> NodeSourceDigestCache | None:
+    """The node's cache only where its domain exists already: checking a folder's headers never creates a domain.
+
+    Bad input (a malformed folder, a wrong subfolder) is refused before anything is written; a first
+    load on a new node reads its headers directly and later workers find the domain.
+    """
+    if not runtime.config.resolved_root.is_dir():
+        return None
+    return node_digest_cache(runtime)
+
+
 def needs_hashing(source: PreparedWeightSource, runtime: HostWeightRuntime) -> bool:
     """Whether some checkpoint file's content id is neither a trusted hub blob name nor in the node's digest cache."""
     cache = node_digest_cache(runtime)

@@ -42,7 +42,7 @@ from ..remote.pull import read_name_entry
 from ..remote.snapshot_files import SnapshotFile, read_snapshot_file, read_snapshot_files
 from ..runtime import HostWeightRuntime
 from ._load_options import LoadOptions
-from .component_source import ComponentLocation, checkpoint_source, node_digest_cache
+from .component_source import ComponentLocation, checkpoint_source, existing_node_digest_cache
 from .fp8 import FP8_DTYPE
 from .source_identity import PreparedWeightSource, RecordedCheckpoint, RecordedWeightFile, WeightSourceKind
 
@@ -215,7 +215,7 @@ def checkpoint_or_named_source(
 ) -> PreparedWeightSource:
     """The checkpoint here; else, with a remote configured, the one its name index records (never both)."""
     try:
-        return checkpoint_source(location, options, node_digest_cache(runtime))
+        return checkpoint_source(location, options, existing_node_digest_cache(runtime))
     except HostWeightError as exc:
         if not wants_name(location, runtime, exc):
             raise
