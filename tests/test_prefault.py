@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from host_weight_runtime import BuildRequest, FilesystemHostWeightStore, HostWeightLease, ValidationLevel
+from host_weight_runtime import (
+    BuildRequest,
+    FilesystemHostWeightStore,
+    HostWeightLease,
+    MappedHostRegion,
+    ValidationLevel,
+)
 from host_weight_runtime.filesystem._prefault import ENV_PREFAULT, BackgroundPrefault, prefault_enabled
 
 from .support import SyntheticProducer, make_identity
@@ -51,7 +57,15 @@ def _lease(root: Path) -> HostWeightLease:
 
 def _mapping_memory(lease: HostWeightLease) -> tuple[int, int]:
     """(Rss, Anonymous) in bytes of this process's mappings of the lease's payload files, from /proc/self/smaps."""
-    regions = [(region.address, region.length) for region in lease.mapped_regions]
+    return _smaps_memory(lease.mapped_regions)
+
+
+def _regions_rss(regions: tuple[MappedHostRegion, ...]) -> int:
+    return _smaps_memory(regions)[0]
+
+
+def _smaps_memory(mapped: tuple[MappedHostRegion, ...]) -> tuple[int, int]:
+    regions = [(region.address, region.length) for region in mapped]
     rss = anonymous = 0
     inside = False
     with open("/proc/self/smaps") as smaps:
@@ -71,12 +85,16 @@ def _mapping_memory(lease: HostWeightLease) -> tuple[int, int]:
 def test_a_lease_populates_its_mappings_by_read_faults_without_copying(
     shm_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After the background prefault, every payload page is mapped and none is a private copy."""
+    """After the background prefault, which the first read of the lease's tensors starts, every payload page is
+    mapped and none is a private copy."""
     monkeypatch.delenv(ENV_PREFAULT, raising=False)
     lease = _lease(shm_root)
     try:
         prefault = lease._background
         assert isinstance(prefault, BackgroundPrefault)
+        assert not prefault.started
+        assert len(lease.tensors) == len(_big_tensors())
+        assert prefault.started
         assert prefault.wait(timeout=60)
         assert prefault.error is None
         total = sum(region.length for region in lease.mapped_regions)
@@ -107,6 +125,29 @@ def test_closing_a_lease_stops_its_prefault_thread(shm_root: Path, monkeypatch: 
     lease = _lease(shm_root)
     prefault = lease._background
     assert isinstance(prefault, BackgroundPrefault)
+    assert lease.mapped_regions  # a transport asking for the regions starts it too
+    thread = prefault._thread
+    assert thread is not None
     lease.close()
-    assert not prefault._thread.is_alive()
+    assert not thread.is_alive()
     assert prefault.wait(timeout=0)
+
+
+def test_a_lease_nobody_reads_maps_no_page_and_starts_no_thread(
+    shm_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease that is only held and closed (a prewarm, a background publication, a push) never starts its
+    prefault: its payload pages stay unmapped in this process, and none is mapped after it closes."""
+    monkeypatch.delenv(ENV_PREFAULT, raising=False)
+    lease = _lease(shm_root)
+    prefault = lease._background
+    assert isinstance(prefault, BackgroundPrefault)
+    regions = lease._regions  # read without starting anything, as a holder that never reads would
+    total = sum(region.length for region in regions)
+    rss = _regions_rss(regions)
+    assert rss < total // 2  # only the headers the validation read
+    lease.close()
+    assert not prefault.started
+    assert prefault.wait(timeout=0)
+    prefault.start()  # a stopped prefault never starts
+    assert not prefault.started

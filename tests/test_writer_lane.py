@@ -1,9 +1,10 @@
-"""The writer's lane: converted rows written on one thread and hashed on another, overlapping.
+"""The writer's lane: converted rows written on the lane's write thread while the converting thread hashes
+them, or hashed by the write thread after its write when it would otherwise wait.
 
-Splitting the write from the hash must not change a byte or a digest: what the lane hashes piece by
-piece is the serial tree digest of the bytes, whatever the piece sizes (odd sizes, pieces that cut
-leaves anywhere, many small tensors). A failure on either thread is typed, leaves no artifact or
-staging residue, and leaves no lane thread running.
+Where a piece is hashed must not change a byte or a digest: what the lane hashes piece by piece is the
+serial tree digest of the bytes, whatever the piece sizes (odd sizes, pieces that cut leaves anywhere,
+many small tensors) and whichever thread hashes each piece. A failure on either thread is typed, leaves
+no artifact or staging residue, and leaves no lane thread running.
 """
 
 from __future__ import annotations
@@ -89,6 +90,60 @@ def test_s05_the_split_lane_gives_the_serial_tree_digest_for_any_pieces(
             assert lane.digest(name) == tree_digest(payload, chunk, algorithm), name
             assert bytes(stored[name]) == payload
     finally:
+        lane.drain()
+    assert _new_lane_threads(lane_threads_before) == []
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda algorithm: algorithm.value)
+def test_s05_pieces_hashed_on_either_thread_keep_each_tensors_order_and_digest(
+    algorithm: DigestAlgorithm, lane_threads_before: set[threading.Thread]
+) -> None:
+    """S05: the caller hashes a piece while the write thread is busy storing an earlier one; the write thread
+    hashes a piece when it has nothing else queued, and every later piece of a tensor whose piece is still
+    queued there. Both kinds of piece, mixed within one tensor, give the serial tree digest of its bytes."""
+    chunk = 64
+    rng = random.Random(11)
+    payload = bytes(rng.getrandbits(8) for _ in range(9 * chunk + 13))
+    other = bytes(rng.getrandbits(8) for _ in range(3 * chunk + 5))
+    whole, other_whole = memoryview(payload), memoryview(other)
+    release = threading.Event()
+    stored = bytearray()
+
+    def held_store(piece: bytes) -> None:
+        release.wait()  # the write thread stays busy until the test lets it go
+        stored.extend(piece)
+
+    lane = InOrderHashLane(chunk_bytes=chunk, algorithm=algorithm)
+    third = bytes(rng.getrandbits(8) for _ in range(50))
+    try:
+        # the write thread is idle: it stores and hashes t[0:100), then stays busy (held)
+        first_t = lane.feed("t", whole, 0, 100, lambda: held_store(payload[0:100]))
+        # t's piece is still queued there, so t[100:250) follows it to the write thread, in order
+        lane.feed("t", whole, 100, 250, lambda: stored.extend(payload[100:250]))
+        assert lane.hashed_while_writing == 2
+        # the write thread is busy and u has nothing queued: this thread hashes u[0:70) at once
+        lane.feed("u", other_whole, 0, 70, lambda: stored.extend(other[0:70]))
+        assert lane.hashed_while_writing == 2
+        release.set()
+        first_t.result()
+        lane.wait()
+        release.clear()
+        # idle again: the write thread hashes u's last piece and t[250:300)
+        lane.feed("u", other_whole, 70, len(other), lambda: stored.extend(other[70:])).result()
+        lane.feed("t", whole, 250, 300, lambda: stored.extend(payload[250:300])).result()
+        assert lane.hashed_while_writing == 4
+        # the write thread holds v; t has nothing queued any more, so this thread hashes the rest of t
+        held_v = lane.feed("v", memoryview(third), 0, len(third), lambda: held_store(third))
+        lane.feed("t", whole, 300, len(payload), lambda: stored.extend(payload[300:]))
+        assert lane.hashed_while_writing == 5
+        release.set()
+        held_v.result()
+        assert lane.digest("t") == tree_digest(payload, chunk, algorithm)
+        assert lane.digest("u") == tree_digest(other, chunk, algorithm)
+        assert lane.digest("v") == tree_digest(third, chunk, algorithm)
+        assert bytes(stored) == payload[:250] + other + payload[250:300] + third + payload[300:]
+    finally:
+        release.set()
         lane.drain()
     assert _new_lane_threads(lane_threads_before) == []
 

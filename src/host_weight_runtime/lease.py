@@ -72,7 +72,10 @@ class MappedHostRegion:
 
 
 class LeaseBackgroundWork(Protocol):
-    """Work a store started for a lease (such as prefaulting its pages) that must end when the lease closes."""
+    """Work a store prepared for a lease (such as prefaulting its pages): started when the lease's tensors or
+    regions are first asked for, ended when the lease closes."""
+
+    def start(self) -> None: ...
 
     def stop(self) -> None: ...
 
@@ -166,7 +169,7 @@ class HostWeightLease:
 
     @property
     def tensors(self) -> Mapping[str, torch.Tensor]:
-        """Read-only name -> CPU tensor mapping viewing the mapped payloads."""
+        """Read-only name -> CPU tensor mapping viewing the mapped payloads (the first call starts the prefault)."""
         tensors = self._tensors
         if tensors is None:
             raise raise_failure(
@@ -174,11 +177,19 @@ class HostWeightLease:
                 FailureCode.INVALID_CONFIGURATION,
                 "this lease is closed; obtain a new one from the store",
             )
+        self._start_background()
         return tensors
 
     @property
     def mapped_regions(self) -> tuple[MappedHostRegion, ...]:
+        """The mapped payload files (the first call starts the prefault: a transport registers what it reads)."""
+        self._start_background()
         return self._regions
+
+    def _start_background(self) -> None:
+        background = self._background
+        if background is not None:
+            background.start()  # idempotent; a stopped one never starts
 
     @property
     def provenance(self) -> LeaseProvenance:

@@ -1,5 +1,5 @@
 """The one place the writer hashes payload bytes: rows converted by the writer are written on one lane thread
-and hashed in order on another, both from the buffer they were converted into (never read back); other
+while the converting thread hashes them (from the buffer they were converted into, never read back); other
 ordered writes are read back tensor by tensor on the pool behind the writes; unordered files from one mapping at close.
 """
 
@@ -46,18 +46,34 @@ def hash_file_range(
 
 
 class InOrderHashLane:
-    """Tree digests of tensors whose bytes are handed over in order: written on one thread and hashed on another.
+    """Tree digests of tensors whose bytes are handed over in order, each piece written on the lane's write
+    thread while the caller hashes it; the write thread hashes too whenever it would otherwise wait.
 
     The writer converts rows into a reused buffer and hands the lane that buffer: the write thread
-    `pwrite`s it while the hash thread hashes it (both only read it, and both release the GIL), as
-    the next chunk converts, so on two cores converting, writing and hashing overlap instead of
-    writing and hashing taking turns. Nothing is read back from the file later. The one hash thread
-    keeps each tensor's chunks in order; the digest is the same tree digest a read-back would give
-    (docs/DIGEST.md). The first failure on either thread is kept; later pieces are skipped and the
-    writer's next `feed` or `wait` raises it.
+    `pwrite`s it while the caller's thread hashes the same bytes, still in cache from the conversion
+    (both only read the buffer, and both release the GIL), then converts the next chunk. On two cores
+    that is two threads of about equal work (convert + hash, write) instead of three competing for
+    two cores. When the write thread has already finished everything handed to it (the caller is the
+    slower side), the next piece is hashed on the write thread after its write, so neither core waits.
+    A tensor's pieces are hashed in order either way: a piece goes to the write thread while an earlier
+    piece of its tensor is still queued there. Nothing is read back from the file later; the digest is
+    the same tree digest a read-back would give (docs/DIGEST.md). The first failure on any thread is
+    kept; later pieces are skipped and the writer's next `feed` or `wait` raises it.
     """
 
-    __slots__ = ("_algorithm", "_chunk_bytes", "_error", "_hash_pool", "_hashers", "_last", "_lock", "_write_pool")
+    __slots__ = (
+        "_algorithm",
+        "_chunk_bytes",
+        "_error",
+        "_hash_pool",
+        "_hashers",
+        "_last_hash",
+        "_last_store",
+        "_lock",
+        "_queued_hash",
+        "_write_pool",
+        "hashed_while_writing",
+    )
 
     def __init__(self, *, chunk_bytes: int, algorithm: DigestAlgorithm) -> None:
         self._chunk_bytes = chunk_bytes
@@ -65,34 +81,54 @@ class InOrderHashLane:
         self._hashers: dict[str, TreeHasher] = {}
         self._hash_pool: ThreadPoolExecutor | None = None
         self._write_pool: ThreadPoolExecutor | None = None
-        self._last: list[Future[None]] = []  # the latest piece on each thread: every earlier one is done first
+        self._last_hash: Future[None] | None = None  # each pool runs in order: its latest piece is done last
+        self._last_store: Future[None] | None = None
+        self._queued_hash: dict[str, Future[None]] = {}  # tensor -> its latest piece hashed on the write thread
         self._lock = threading.Lock()
         self._error: BaseException | None = None  # the first failed piece; later pieces are skipped
+        self.hashed_while_writing = 0
+        """Pieces the write thread hashed (after their write) because it would otherwise have waited."""
 
     def feed(
         self, name: str, whole: memoryview, begin: int, end: int, store: Callable[[], None] | None = None
     ) -> Future[None]:
         """Hash bytes [begin, end) of `whole` as the next bytes of tensor `name`; done when the future is.
 
-        `store`, when given, runs on the write thread at the same time (the writer's `pwrite` of those
-        bytes), so the caller's thread goes on converting the next chunk. The future is done once both
-        the write and the hash are; the caller keeps the bytes unchanged until then."""
+        `store`, when given, runs on the write thread (the writer's `pwrite` of those bytes) while this
+        thread hashes them, or the write thread hashes them after storing (see the class). The future is
+        done once the write and the hash both are; the caller keeps the bytes unchanged until then."""
         if self._error is not None:
             raise self._error  # an earlier piece failed: stop the writer now rather than at close
         hasher = self._hashers.get(name)
         if hasher is None:
             hasher = self._hashers[name] = TreeHasher(self._chunk_bytes, self._algorithm)
-        if self._hash_pool is None:
-            self._hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-hash-lane")
-        hashed = self._hash_pool.submit(self._run, lambda: self._hash_piece(hasher, whole, begin, end))
+
+        def hash_piece() -> None:
+            self._hash_piece(hasher, whole, begin, end)
+
         if store is None:
-            self._last = [hashed]
+            if self._hash_pool is None:
+                self._hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-hash-lane")
+            hashed = self._last_hash = self._hash_pool.submit(self._run, hash_piece)
             return hashed
         if self._write_pool is None:
             self._write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-write-lane")
-        stored = self._write_pool.submit(self._run, store)
-        self._last = [hashed, stored]
-        return _when_both(hashed, stored)
+        queued = self._queued_hash.get(name)
+        writer_idle = self._last_store is None or self._last_store.done()
+        if writer_idle or (queued is not None and not queued.done()):
+
+            def store_then_hash() -> None:
+                store()
+                hash_piece()
+
+            stored = self._last_store = self._queued_hash[name] = self._write_pool.submit(self._run, store_then_hash)
+            self.hashed_while_writing += 1
+            return stored
+        stored = self._last_store = self._write_pool.submit(self._run, store)
+        self._run(hash_piece)  # here, while the write thread stores the same bytes
+        if self._error is not None:
+            raise self._error
+        return stored
 
     def _run(self, step: Callable[[], None]) -> None:
         if self._error is not None:
@@ -120,8 +156,9 @@ class InOrderHashLane:
 
     def wait(self) -> None:
         """Wait until every piece fed so far is written and hashed; raises the first failure of any of them."""
-        if self._last:
-            futures_wait(self._last)
+        pending = [future for future in (self._last_hash, self._last_store) if future is not None]
+        if pending:
+            futures_wait(pending)
         if self._error is not None:
             raise self._error
 
@@ -131,24 +168,6 @@ class InOrderHashLane:
             if pool is not None:
                 pool.shutdown(wait=True)
         self._hash_pool = self._write_pool = None
-
-
-def _when_both(first: Future[None], second: Future[None]) -> Future[None]:
-    """A future done once `first` and `second` both are (neither raises: the lane records failures itself)."""
-    both: Future[None] = Future()
-    remaining = [2]
-    guard = threading.Lock()
-
-    def one_done(_future: Future[None]) -> None:
-        with guard:
-            remaining[0] -= 1
-            last = remaining[0] == 0
-        if last:
-            both.set_result(None)
-
-    first.add_done_callback(one_done)
-    second.add_done_callback(one_done)
-    return both
 
 
 class PayloadHasher:

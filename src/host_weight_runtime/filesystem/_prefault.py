@@ -1,11 +1,13 @@
-"""Page tables for a new lease, filled on a background thread while the caller restores its model.
+"""Page tables for a lease, filled on a background thread while the caller restores its model.
 
 A warm start pays one page fault per few pages of every weight the first time it is
 read. `madvise(MADV_POPULATE_READ)` (Linux 5.14+) read-faults a whole range in the
 kernel instead, and on a thread of its own it overlaps the restore that follows the
 lookup. Read faults on a private mapping map the shared page-cache pages: nothing is
-copied. Best effort: an older kernel or any error just stops it (recorded in `error`),
-and `HWR_PREFAULT=0` turns it off.
+copied. The thread starts when the lease's tensors or regions are first asked for, so a
+lease that is only held (a prewarm, a background publication, a push) maps nothing it
+never reads. Best effort: an older kernel or any error just stops it (recorded in
+`error`), and `HWR_PREFAULT=0` turns it off.
 """
 
 from __future__ import annotations
@@ -46,19 +48,33 @@ def _madvise() -> Any:
 
 
 class BackgroundPrefault:
-    """Populates the page tables of some mapped regions on a daemon thread; `stop()` ends it early."""
+    """Populates the page tables of some mapped regions on a daemon thread once `start()` is called; `stop()`
+    ends it early (or keeps it from ever starting)."""
 
-    __slots__ = ("_done", "_keepalive", "_regions", "_stop", "_thread", "error", "populated_bytes")
+    __slots__ = ("_done", "_guard", "_keepalive", "_regions", "_stop", "_thread", "error", "populated_bytes")
 
     def __init__(self, regions: Sequence[tuple[int, int]], keepalive: tuple[object, ...]) -> None:
         self._regions = tuple(regions)
         self._keepalive: tuple[object, ...] | None = keepalive  # the mappings stay mapped while the thread runs
         self._stop = threading.Event()
         self._done = threading.Event()
+        self._guard = threading.Lock()
+        self._thread: threading.Thread | None = None
         self.error: str | None = None
         self.populated_bytes = 0
-        self._thread = threading.Thread(target=self._run, name="hwr-prefault", daemon=True)
-        self._thread.start()
+
+    @property
+    def started(self) -> bool:
+        """Whether the thread was started (a stopped prefault that never started never will)."""
+        return self._thread is not None
+
+    def start(self) -> None:
+        """Start the thread; later calls, and calls after `stop()`, do nothing."""
+        with self._guard:
+            if self._thread is not None or self._stop.is_set():
+                return
+            self._thread = threading.Thread(target=self._run, name="hwr-prefault", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         try:
@@ -84,10 +100,16 @@ class BackgroundPrefault:
             self._done.set()
 
     def stop(self) -> None:
-        """Ask the thread to stop after its current step and wait for it."""
-        self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join()
+        """Ask the thread to stop after its current step and wait for it (or keep it from starting)."""
+        with self._guard:
+            self._stop.set()
+            thread = self._thread
+            if thread is None:
+                self._keepalive = None
+                self._done.set()
+                return
+        if thread is not threading.current_thread():
+            thread.join()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every region is populated (or the thread stopped); True when it finished."""
