@@ -128,9 +128,9 @@ class CheckpointStreamProducer(SingleArtifactProducer):
 def one_core_for_the_lane() -> Iterator[None]:
     """Leave one core to the writer's lane while a stream runs, then restore the intra-op thread count.
 
-    The lane writes each cast chunk on one thread and hashes it on another; an intra-op worker on the
-    lane's core would split each cast and spin between casts, taking that core from the lane (on the
-    2-core VM, one cast thread halved the stream's CPU). torch keeps the count per thread once a thread
+    The lane's write thread stores each cast chunk while this thread hashes it; an intra-op worker on the
+    write thread's core would split each cast and spin between casts, taking that core from the lane (on
+    the 2-core VM, one cast thread halved the stream's CPU). torch keeps the count per thread once a thread
     has run a parallel op, so other such threads keep theirs; a thread that runs its first parallel op
     meanwhile starts with it.
     """
