@@ -113,3 +113,41 @@ def test_no_space_during_a_kernel_copy_is_typed_and_leaves_nothing(tmp_path: Pat
     for name, tensor in tensors.items():
         assert_bitwise_equal(again.lease.tensors[name], tensor)
     again.lease.close()
+
+
+def test_kernel_copy_between_filesystems_copies_every_range_and_stops_retrying_a_refused_copy_file_range(
+    tmp_path: Path,
+) -> None:
+    """E12: ranges copied from a disk file into a tmpfs file (as a `file://` remote on disk feeds a domain on
+    /dev/shm) land byte for byte at their offsets, whether the kernel takes `copy_file_range` for the pair or
+    refuses it; once refused, the caller's `use_range=False` sends the later ranges through `sendfile`, and a
+    range passed `use_range=False` is never reported as copy_file_range-capable again."""
+    from host_weight_runtime.filesystem._kernel_copy import kernel_copy
+
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    data = os.urandom(3 * 65536 + 123)
+    source = tmp_path / "source.bin"
+    source.write_bytes(data)
+    target = shm / f"hwr-kernel-copy-{os.getpid()}.bin"
+    source_fd = os.open(source, os.O_RDONLY)
+    target_fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(target_fd, len(data))
+        use_range = True
+        seen: list[bool] = []
+        for start in range(0, len(data), 65536):
+            count = min(65536, len(data) - start)
+            done, use_range = kernel_copy(source_fd, start, target_fd, start, count, use_range=use_range)
+            assert done == count
+            seen.append(use_range)
+        assert os.pread(target_fd, len(data), 0) == data
+        assert seen == [seen[0]] * len(seen)  # one answer per pair of files, decided by the first range
+        done, again = kernel_copy(source_fd, 0, target_fd, 0, 100, use_range=False)
+        assert (done, again) == (100, False)
+        assert os.pread(target_fd, 100, 0) == data[:100]
+        short, _ = kernel_copy(source_fd, len(data) - 10, target_fd, 0, 100, use_range=use_range)
+        assert short == 10  # the source ends early: a short copy, never an error
+    finally:
+        os.close(source_fd)
+        os.close(target_fd)
+        target.unlink()

@@ -22,14 +22,19 @@ __all__ = ["StoredRange", "kernel_copy"]
 _NO_COPY_FILE_RANGE = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF})
 
 
-def kernel_copy(source_fd: int, source_offset: int, target_fd: int, target_offset: int, nbytes: int) -> int:
+def kernel_copy(
+    source_fd: int, source_offset: int, target_fd: int, target_offset: int, nbytes: int, *, use_range: bool = True
+) -> tuple[int, bool]:
     """Copy `nbytes` at `source_offset` to `target_offset` in the kernel; fewer only when the source ends early.
 
     Uses `copy_file_range` (no user-space buffer); where the kernel refuses it for this pair of files
     (different filesystems on some kernels), `sendfile` from the same offsets, as a plain copy does.
+    Returns the bytes copied and whether `copy_file_range` is still worth trying for this pair: a caller
+    that copies many ranges between the same two files passes that back as `use_range`, so a refused pair
+    costs one refused call per file, not one per range (each a system call and a hand-back of the GIL on
+    the copying thread).
     """
     done = 0
-    use_range = True
     while done < nbytes:
         fault_point("writer.pwrite")  # the same seam as every other payload write (ENOSPC, EIO)
         count = 0
@@ -49,7 +54,7 @@ def kernel_copy(source_fd: int, source_offset: int, target_fd: int, target_offse
             break  # end of the source: the caller sees a short copy
         done += count
         fault_point("writer.after_pwrite")
-    return done
+    return done, use_range
 
 
 class StoredRange:

@@ -154,6 +154,7 @@ class StagingTensorFileWriter:
         "_caller_hashes",
         "_cast",
         "_closed",
+        "_copy_range",
         "_coverage",
         "_fd",
         "_hasher",
@@ -187,6 +188,7 @@ class StagingTensorFileWriter:
         self._result: WrittenFile | None = None
         self._next_byte = 0  # ordered files: the data offset the next write must start at
         self._cast: CastBuffers | None = None  # made by the first copy_rows
+        self._copy_range = True  # copy_data: False once the kernel refused copy_file_range from this file's source
         self._coverage: dict[str, RowCoverage] = {
             placement.spec.name: RowCoverage(placement) for placement in layout.placements
         }
@@ -250,7 +252,8 @@ class StagingTensorFileWriter:
         For an ordered file opened with `caller_hashes`: the range starts where the previous write
         ended and ends on a row boundary. Returns the stored bytes (a read-only mapping of the file's
         own pages) for the caller to hash and then close, on any thread; one shorter than `nbytes`
-        means the source ended early, and then none of the range counts as written.
+        means the source ended early, and then none of the range counts as written. Once the kernel refused
+        `copy_file_range` from a source, later ranges of this file go straight to `sendfile`.
         """
         return self._owner._guarded(lambda: self._copy_data(source_fd, source_offset, nbytes))
 
@@ -381,7 +384,10 @@ class StagingTensorFileWriter:
 
     def _copy_data(self, source_fd: int, source_offset: int, nbytes: int) -> StoredRange:
         def transfer(offset: int) -> int:
-            return kernel_copy(source_fd, source_offset, self._fd, offset, nbytes)
+            done, self._copy_range = kernel_copy(
+                source_fd, source_offset, self._fd, offset, nbytes, use_range=self._copy_range
+            )
+            return done
 
         copied, offset = self._store_data(nbytes, transfer)
         try:
