@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import enum
-import gc
 import itertools
 import os
 import time
@@ -342,8 +341,6 @@ def _component_facts(component: LoadedComponent | None) -> dict[str, JsonValue]:
 
 def run_row(spec: RowSpec, flux_class: Any) -> tuple[dict[str, JsonValue], _Loaded]:
     """Load, touch and measure one row in this process; the caller holds the result until memory is read."""
-    # The imports left a full collection due; paid here, off the clock, it cannot land in one row's load only.
-    gc.collect()
     reset_peak_rss()
     baseline_rss, baseline_pss = memory_rollup()
     stat_before = cpu_line()
