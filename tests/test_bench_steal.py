@@ -127,3 +127,31 @@ def test_the_summary_counts_reruns_and_names_the_worst_steal() -> None:
     assert "2 of 3 samples re-run (4 extra runs), 1 kept disturbed" in line
     assert "55 ticks (550 ms of 2 CPUs over 856 ms)" in line
     assert steal_summary([]) == "steal: no timed runs"
+
+
+def test_hwr_bench_judges_a_kept_run_by_its_recorded_steal_and_time_to_ready() -> None:
+    from host_weight_runtime.tools.bench.measurements import _disturbed
+
+    cpus, hz = os.cpu_count() or 1, os.sysconf("SC_CLK_TCK")
+    # steal of a third of the run's CPU time, in this machine's ticks
+    heavy = max(QUIET_TICKS + 1, round(0.856 * cpus * hz / 3))
+    assert _disturbed({"steal_ticks": heavy, "time_to_ready_ms": 856.0})
+    assert not _disturbed({"steal_ticks": QUIET_TICKS, "time_to_ready_ms": 856.0})
+    assert not _disturbed({"time_to_ready_ms": 856.0})  # a worker of a tree that records no steal
+
+
+def test_the_hwr_bench_report_counts_reruns_and_disturbed_runs_over_hot_and_cold() -> None:
+    from host_weight_runtime.tools.bench.report import _steal_line
+
+    rows = {
+        "canonical": {"hot": {"steal_ticks": [0, 1], "reruns": 0, "disturbed_runs": 0}},
+        "stream": {
+            "hot": {"steal_ticks": [2, 7], "reruns": 2, "disturbed_runs": 1},
+            "cold": {"steal_ticks": [3], "reruns": 1, "disturbed_runs": 0},
+        },
+        "old": {"hot": {}},  # a report written before steal was recorded
+    }
+    assert _steal_line(rows) == (
+        "Hypervisor steal (/proc/stat) during the timed runs: at most 7 ticks in a kept run; "
+        "3 runs re-run because steal disturbed them, 1 kept still disturbed."
+    )
