@@ -155,3 +155,38 @@ def test_the_hwr_bench_report_counts_reruns_and_disturbed_runs_over_hot_and_cold
         "Hypervisor steal (/proc/stat) during the timed runs: at most 7 ticks in a kept run; "
         "3 runs re-run because steal disturbed them, 1 kept still disturbed."
     )
+
+
+def _heavy_ticks() -> int:
+    """Steal of a third of an 856 ms run's CPU time, in this machine's ticks."""
+    return max(QUIET_TICKS + 1, round(0.856 * (os.cpu_count() or 1) * os.sysconf("SC_CLK_TCK") / 3))
+
+
+def test_hwr_bench_reruns_a_disturbed_solo_run_in_a_new_worker_until_quiet_and_bounded(tmp_path: Path) -> None:
+    from host_weight_runtime.tools.bench.measure import LoadKind, RowSpec
+    from host_weight_runtime.tools.bench.measurements import Measurements
+    from host_weight_runtime.tools.bench.options import BenchOptions
+    from host_weight_runtime.tools.bench.rows import BenchRow
+
+    class Scripted(Measurements):
+        """Measurements whose new-worker run (the seam) returns scripted steal instead of spawning a worker."""
+
+        def __init__(self, steal: list[int]) -> None:
+            with (tmp_path / "log").open("wb") as log:
+                super().__init__(BenchOptions(), tmp_path, log, lambda _line: None)
+            self.steal = steal
+
+        def _run_again(self, row: BenchRow, cache: str) -> dict[str, object]:
+            return {"time_to_ready_ms": 856.0, "steal_ticks": self.steal.pop(0), "attempt": "again"}
+
+    row = BenchRow(RowSpec("stream", LoadKind.HWR, "p", "transformer", root="r"), "a row", ())
+    first = {"time_to_ready_ms": 856.0, "steal_ticks": _heavy_ticks(), "attempt": "first"}
+    quiet_second = Scripted([0, _heavy_ticks()])
+    kept = quiet_second._while_disturbed(row, "hot", first)
+    assert (kept["attempt"], kept["reruns"], kept["steal_ticks"]) == ("again", 1, 0)
+    assert quiet_second.steal == [_heavy_ticks()]  # no run after the quiet one
+    stuck = Scripted([_heavy_ticks()] * (EXTRA_ATTEMPTS + 2))
+    kept = stuck._while_disturbed(row, "hot", first)
+    assert kept["reruns"] == EXTRA_ATTEMPTS and len(stuck.steal) == 2
+    quiet = Scripted([])
+    assert quiet._while_disturbed(row, "hot", {**first, "steal_ticks": 0})["reruns"] == 0

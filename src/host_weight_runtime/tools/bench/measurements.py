@@ -15,7 +15,7 @@ from .names import COLD
 from .options import BenchOptions
 from .rows import BenchRow
 from .stats import Stats
-from .steal import EXTRA_ATTEMPTS, StealSample, online_cpus, user_hz, was_disturbed
+from .steal import StealSample, online_cpus, run_undisturbed, user_hz, was_disturbed
 
 __all__ = ["Measurements"]
 
@@ -88,12 +88,16 @@ class Measurements:
 
     def _while_disturbed(self, row: BenchRow, cache: str, measured: dict[str, Any]) -> dict[str, Any]:
         """The run again while the hypervisor's steal disturbed it (bounded); the kept run counts its re-runs."""
-        reruns = 0
-        while _disturbed(measured) and reruns < EXTRA_ATTEMPTS:
-            self._say(f"{cache} cache: {row.spec.name}: {measured['steal_ticks']} ticks of steal, run again")
-            measured = self._run_again(row, cache)
-            reruns += 1
-        return {**measured, "reruns": reruns}
+        done = [measured]
+
+        def attempt() -> dict[str, Any]:
+            if done:
+                return done.pop()
+            self._say(f"{cache} cache: {row.spec.name}: the host's steal disturbed the run, run again")
+            return self._run_again(row, cache)
+
+        kept, attempts = run_undisturbed(attempt, _steal_of)
+        return {**kept, "reruns": attempts.reruns}
 
     def group(self, row: BenchRow) -> dict[str, JsonValue]:
         """`workers` fresh processes loading together and holding their models while their PSS is read: the
@@ -149,12 +153,14 @@ def _spec_fields(spec: RowSpec) -> dict[str, Any]:
     return {name: getattr(spec, name) for name in RowSpec.__slots__}
 
 
+def _steal_of(measured: dict[str, Any]) -> StealSample:
+    """A worker's row as a steal sample (a worker that records no steal, of an older tree, reads as none)."""
+    ticks = int(measured.get("steal_ticks", 0))
+    return StealSample(ticks, float(measured["time_to_ready_ms"]) / 1000.0, online_cpus(), user_hz())
+
+
 def _disturbed(measured: dict[str, Any]) -> bool:
-    ticks = measured.get("steal_ticks")
-    if ticks is None:
-        return False
-    sample = StealSample(int(ticks), float(measured["time_to_ready_ms"]) / 1000.0, online_cpus(), user_hz())
-    return was_disturbed(sample)
+    return was_disturbed(_steal_of(measured))
 
 
 def _summarize_solo(rows: list[dict[str, Any]]) -> dict[str, Any]:
