@@ -34,8 +34,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from host_weight_runtime.tools.bench.steal import Attempts, StealSample, run_undisturbed, steal_summary
+
 _CHILD = r"""
-import json, sys, time, torch
+import gc, json, sys, time, torch
 from pathlib import Path
 from diffusers import FluxTransformer2DModel
 from host_weight_runtime import HostWeightRuntime, HostWeightRuntimeConfig, RuntimeMode, StorageClass
@@ -43,6 +45,8 @@ from host_weight_runtime.diffusion import load_component
 from host_weight_runtime.tools.bench.measure import touch_model
 mode, source, root, cache_dir = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 hub = {"cache_dir": cache_dir, "local_files_only": True} if cache_dir else {}
+gc.collect()  # the imports' collector debt, paid off the clock by every row alike
+stat_before = open("/proc/stat").readline()
 started, cpu_started = time.perf_counter(), time.process_time()
 if mode == "canonical":
     model = FluxTransformer2DModel.from_pretrained(source, subfolder="transformer", torch_dtype=torch.bfloat16, **hub)
@@ -55,12 +59,13 @@ else:
 loaded_at = time.perf_counter()
 touch_model(model)
 ready, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+stat_after = open("/proc/stat").readline()
 published = None
 if mode == "background":
     assert loaded.background_publication.wait(600) and loaded.background_publication.failure is None
     published = time.perf_counter() - started
 print(json.dumps({"s": ready, "cpu_s": cpu, "load_s": loaded_at - started, "published_s": published,
-                  "outcome": outcome}))
+                  "outcome": outcome, "stat_before": stat_before, "stat_after": stat_after}))
 """
 
 
@@ -80,7 +85,7 @@ class _Row:
         return f"{self.mode} (hub cache)" if self.hub else self.mode
 
 
-def _run(row: _Row, pipeline: Path, hub_cache: Path, shm: Path) -> dict[str, float]:
+def _run(row: _Row, pipeline: Path, hub_cache: Path, shm: Path) -> tuple[dict[str, float], StealSample]:
     source, cache_dir = (_HUB_REPO_ID, str(hub_cache)) if row.hub else (str(pipeline), "")
     with tempfile.TemporaryDirectory(dir=shm, prefix="hwr-cold-") as root:
         env = {**os.environ, "PYTHONPATH": row.src, **({"HF_HUB_OFFLINE": "1"} if row.hub else {})}
@@ -92,7 +97,16 @@ def _run(row: _Row, pipeline: Path, hub_cache: Path, shm: Path) -> dict[str, flo
             text=True,
         )
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return {name: float(result[name]) for name in ("s", "cpu_s", "load_s", "published_s") if result[name] is not None}
+    figures = {
+        name: float(result[name]) for name in ("s", "cpu_s", "load_s", "published_s") if result[name] is not None
+    }
+    return figures, StealSample.between(result["stat_before"], result["stat_after"], figures["s"])
+
+
+def _undisturbed(row: _Row, pipeline: Path, hub_cache: Path, shm: Path) -> tuple[dict[str, float], Attempts]:
+    """One sample of `row`, run again while the hypervisor's steal disturbed it (bounded)."""
+    (figures, _), attempts = run_undisturbed(lambda: _run(row, pipeline, hub_cache, shm), lambda done: done[1])
+    return figures, attempts
 
 
 def _raw_write_s(shm: Path, nbytes: int, *, preallocate: bool) -> float:
@@ -164,10 +178,13 @@ def main() -> None:
         weights = sorted((pipeline / "transformer").glob("*.safetensors"))
         raw_s: list[float] = []
         sha_s: list[float] = []
+        steal: list[Attempts] = []
         for round_index in range(args.rounds):
             order = rows[round_index % len(rows) :] + rows[: round_index % len(rows)]
             for row in order:
-                samples[row].append(_run(row, pipeline, hub_cache, args.shm))
+                figures, attempts = _undisturbed(row, pipeline, hub_cache, args.shm)
+                samples[row].append(figures)
+                steal.append(attempts)
             nbytes = int(args.size_gib * 2**30)
             raw_s.append(min(_raw_write_s(args.shm, nbytes, preallocate=flag) for flag in (True, False)))
             sha_s.append(_sha256_s(weights))
@@ -179,6 +196,7 @@ def main() -> None:
         f"bounds: raw write+fsync of {args.size_gib} GiB {raw * 1e3:.0f} ms; single-thread SHA-256 of the checkpoint "
         f"{sha * 1e3:.0f} ms / {cores} cores = {sha / cores * 1e3:.0f} ms"
     )
+    print(f"load average {os.getloadavg()[0]:.1f} at the end; {steal_summary(steal)}")
     ready = {row: statistics.median(run["s"] for run in runs) for row, runs in samples.items()}
     for row, runs in samples.items():
         values = [run["s"] for run in runs]

@@ -38,6 +38,13 @@ from host_weight_runtime.tools.bench.setup import (
     _runtime,
     huge_tmpfs,
 )
+from host_weight_runtime.tools.bench.steal import (
+    Attempts,
+    StealSample,
+    cpu_line,
+    run_undisturbed,
+    steal_summary,
+)
 from host_weight_runtime.tools.synthetic_models import TRANSFORMER_SUBFOLDER, save_flux_pipeline_folder
 
 _BARE = ("safetensors-mmap-views", *(peer.name for peer in REFERENCE_PEERS))
@@ -96,8 +103,39 @@ def _specs(pipeline: Path, places: dict[str, tuple[Path, Path]], sources: list[s
     return out
 
 
-def _round(specs: list[tuple[str, RowSpec]], shift: int, log: Any) -> list[dict[str, Any]]:
-    """One run of every spec, each a fresh worker, in an order rotated by `shift`."""
+def _go(batch: WorkerBatch, index: int) -> tuple[dict[str, Any], StealSample]:
+    """One run by a started worker, with the hypervisor's steal seen while it ran."""
+    before = cpu_line()
+    (row,), wall_ms = batch.go([index])
+    after = cpu_line()
+    batch.finish([index])
+    return row, StealSample.between(before, after, wall_ms / 1000)
+
+
+def _again(src: str, spec: RowSpec, log: Any) -> tuple[dict[str, Any], StealSample]:
+    """The same run in a new worker (its imports off the clock), for a run the host disturbed."""
+    with _python_path(src):
+        batch = WorkerBatch([spec], hold=False, log=log, timeout_s=1800.0)
+    try:
+        return _go(batch, 0)
+    finally:
+        batch.close()
+
+
+def _sample(batch: WorkerBatch, index: int, src: str, spec: RowSpec, log: Any) -> tuple[dict[str, Any], Attempts]:
+    """One sample: the started worker's run, then new workers' while the host disturbed it (bounded)."""
+    started = [batch]
+
+    def attempt() -> tuple[dict[str, Any], StealSample]:
+        return _go(started.pop(), index) if started else _again(src, spec, log)
+
+    (row, _), attempts = run_undisturbed(attempt, lambda done: done[1])
+    return row, attempts
+
+
+def _round(specs: list[tuple[str, RowSpec]], shift: int, log: Any, steal: list[Attempts]) -> list[dict[str, Any]]:
+    """One run of every spec, each a fresh worker, in an order rotated by `shift`; a run disturbed by the
+    hypervisor's steal is run again in a new worker (bounded), and every sample's attempts land in `steal`."""
     order = specs[shift % len(specs):] + specs[: shift % len(specs)]
     batches: dict[str, tuple[WorkerBatch, list[int]]] = {}
     try:
@@ -110,9 +148,10 @@ def _round(specs: list[tuple[str, RowSpec]], shift: int, log: Any) -> list[dict[
             batch, used = batches[src]
             index = len(used)  # a tree's batch holds its specs in the order they run
             used.append(index)
-            (row,), _ = batch.go([index])
-            batch.finish([index])
-            rows.append({**row, "name": spec.name})
+            row, attempts = _sample(batch, index, src, spec, log)
+            steal.append(attempts)
+            rows.append({**row, "name": spec.name, "steal_ticks": attempts.steal[-1].steal_ticks,
+                         "reruns": attempts.reruns})
         return rows
     finally:
         for batch, _ in batches.values():
@@ -123,7 +162,9 @@ def _median(rows: list[dict[str, Any]], name: str, field: str = "time_to_ready_m
     return statistics.median(row[field] for row in rows if row["name"] == name)
 
 
-def _report(size_gib: float, rows: list[dict[str, Any]], places: list[str], sources: list[str]) -> list[str]:
+def _report(
+    size_gib: float, rows: list[dict[str, Any]], places: list[str], sources: list[str], steal: list[Attempts]
+) -> list[str]:
     lines = [f"## {size_gib:g} GiB, {len(rows)} runs, load average {os.getloadavg()[0]:.1f} at the end", ""]
     lines.append("| row | time to ready ms, median [min, max] | load / touch ms | vs fastest bare |")
     lines.append("|---|---:|---:|---:|")
@@ -142,6 +183,7 @@ def _report(size_gib: float, rows: list[dict[str, Any]], places: list[str], sour
             )
     lines.append("")
     lines.append(f"checksums: {'all equal' if len(checksums) == 1 else sorted(checksums)}")
+    lines.append(steal_summary(steal))
     return lines
 
 
@@ -164,12 +206,13 @@ def main() -> int:
             log = stack.enter_context((disk / "workers.log").open("wb"))
             specs = _specs(disk / "pipeline", places, sources)
             rows: list[dict[str, Any]] = []
+            steal: list[Attempts] = []
             for index in range(options.rounds):
-                rows.extend(_round(specs, index * 3, log))
+                rows.extend(_round(specs, index * 3, log, steal))
                 print(f"# {size:g} GiB round {index + 1} done, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
             samples[f"{size:g}"] = rows
             # Each size is reported (and its samples written) as soon as it is done: a long run keeps what it got.
-            print("\n".join([*report, *_report(size, rows, list(places), sources), ""]), flush=True)
+            print("\n".join([*report, *_report(size, rows, list(places), sources, steal), ""]), flush=True)
             report = []
             if options.json:
                 Path(options.json).write_text(json.dumps(samples, indent=1))

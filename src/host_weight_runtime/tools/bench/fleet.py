@@ -38,7 +38,7 @@ __all__ = ["measure_fleet", "measure_push"]
 
 
 def _timed(action: Callable[[], None]) -> float:
-    gc.collect()  # a full collection due from an earlier side must not land inside this one
+    gc.collect()  # garbage left by the run before (or the imports) is collected off the clock, before each side
     started = time.perf_counter()
     action()
     return time.perf_counter() - started

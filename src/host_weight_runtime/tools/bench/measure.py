@@ -35,6 +35,7 @@ from host_weight_runtime.diffusion import (
 from ..common import JsonValue
 from ..memory import memory_rollup, merged_spans
 from .peers import PeerLoad, load_peer, peer_named
+from .steal import cpu_line, steal_ticks
 
 __all__ = [
     "PAGE_BYTES",
@@ -342,11 +343,13 @@ def run_row(spec: RowSpec, flux_class: Any) -> tuple[dict[str, JsonValue], _Load
     """Load, touch and measure one row in this process; the caller holds the result until memory is read."""
     reset_peak_rss()
     baseline_rss, baseline_pss = memory_rollup()
+    stat_before = cpu_line()
     started = time.perf_counter()
     loaded = _load(spec, flux_class)
     loaded_at = time.perf_counter()
     pages, checksum = touch_model(loaded.model)
     ready_at = time.perf_counter()
+    stat_after = cpu_line()
     rss, pss = memory_rollup()
     peak = peak_rss()  # before any background publication adds its buffers
     published_ms: float | None = None
@@ -367,6 +370,7 @@ def run_row(spec: RowSpec, flux_class: Any) -> tuple[dict[str, JsonValue], _Load
         "time_to_ready_ms": (ready_at - started) * 1000.0,
         "load_ms": (loaded_at - started) * 1000.0,
         "touch_ms": (ready_at - loaded_at) * 1000.0,
+        "steal_ticks": steal_ticks(stat_after) - steal_ticks(stat_before),  # the hypervisor's, until ready
         "pages": pages,
         "checksum": checksum,
         "baseline_rss_bytes": baseline_rss,

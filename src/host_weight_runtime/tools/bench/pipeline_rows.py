@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import select
@@ -127,6 +128,7 @@ def _send(event: dict[str, JsonValue]) -> None:
 def worker_main(row: str, folder: str, root: str) -> int:
     """One fresh worker: import, say so, load on "go", touch, report, hold until "release"."""
     pipeline_class = _quiet_imports()
+    gc.collect()  # the imports' collector debt, paid before "go" so no timed load pays it
     baseline_rss, baseline_pss = memory_rollup()
     _send({"event": "imported"})
     if sys.stdin.readline().strip() != "go":

@@ -157,6 +157,7 @@ def markdown(report: BenchReport) -> str:
     ]
     if published:
         lines += ["", *published]
+    lines += ["", _steal_line(data["rows"])]
     if any(COLD in entry for entry in data["rows"].values()):
         lines += [
             "",
@@ -207,6 +208,18 @@ def markdown(report: BenchReport) -> str:
         met = {True: "yes", False: "**no**", None: "n/a"}[goal["met"]]
         lines.append(f"| {goal['goal']} | {value} | {goal['target']} | {met} |")
     return "\n".join(lines) + "\n"
+
+
+def _steal_line(rows: dict[str, Any]) -> str:
+    """How much the hypervisor's steal disturbed the timed solo runs (re-run, or kept after the attempts ran out)."""
+    sections = [entry[cache] for entry in rows.values() for cache in (HOT, COLD) if cache in entry]
+    ticks = [tick for section in sections for tick in section.get("steal_ticks", [])]
+    reruns = sum(int(section.get("reruns", 0)) for section in sections)
+    kept = sum(int(section.get("disturbed_runs", 0)) for section in sections)
+    return (
+        f"Hypervisor steal (/proc/stat) during the timed runs: at most {max(ticks, default=0)} ticks in a kept run; "
+        f"{reruns} runs re-run because steal disturbed them, {kept} kept still disturbed."
+    )
 
 
 def _startup_lines(startup: dict[str, Any] | None) -> list[str]:
