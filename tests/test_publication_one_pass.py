@@ -84,12 +84,14 @@ def _without_id_and_time(ready: bytes) -> dict[str, object]:
 
 
 def _piece_bytes_seam(monkeypatch: pytest.MonkeyPatch, nbytes: int) -> None:
-    """Pieces of `nbytes` (whole rows), so most tensors of a small model are written in several pieces."""
+    """Pieces of `nbytes` (whole rows), so most tensors of a small model are written in several pieces, and a
+    private model's batches of about `nbytes`, so its file is written in several `pwritev` calls."""
     monkeypatch.setattr(_live_write, "LIVE_PIECE_BYTES", nbytes)
+    monkeypatch.setattr(_live_write, "LIVE_BATCH_BYTES", nbytes)
 
 
 # (piece bytes, payload-file bytes or None for one file, model_is_private)
-CASES = [(4096, None, False), (1000, 64 * 1024, False), (2**22, 16 * 1024, False), (4096, None, True), (1000, 16 * 1024, True)]
+CASES = [(4096, None, False), (1000, 64 * 1024, False), (2**22, 16 * 1024, False), (4096, None, True), (1000, 16 * 1024, True), (2**22, None, True)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
