@@ -89,6 +89,7 @@ def write_live_files(
     progress: ProgressCallback | None = None,
     *,
     model_is_private: bool = False,
+    check: Callable[[], None] | None = None,
 ) -> None:
     """Write every planned file from the live tensors; a writer that cannot take caller digests gets `fallback`
     (tensor by tensor, hashed by the writer).
@@ -96,8 +97,12 @@ def write_live_files(
     `model_is_private`: the caller guarantees that nothing writes these tensors until the call returns (a load
     publishing a model it has not handed out yet). Then no private copy is needed: each file's tensors are
     hashed straight from their memory, starting before the file is preallocated, and written from it.
+    `check`: a check of the model that fails the production by raising; it runs first on the hash lane while
+    the files are written, and no file is closed before it passed (its error wins over any later one).
     """
     if not isinstance(writer, _HashingArtifactWriter):
+        if check is not None:
+            check()
         write_files(writer, files, fallback, progress)
         return
     total = sum(tensor.nbytes for _file_name, group in files for tensor in group)
@@ -106,15 +111,19 @@ def write_live_files(
     # Leaving the block waits for every hash, so no buffer is read after the call, even a failed one.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-live-hash") as lane:
         pieces = _PieceWriter(lane, writer.chunk_bytes, writer.digest_algorithm, progress, total)
+        checked = lane.submit(check) if check is not None else None
         for file_name, group in files:
-            values = {tensor.name: live_tensor(tensor) for tensor in group}
-            flats = {name: _flat_bytes(value) for name, value in values.items()} if model_is_private else {}
-            early = {name: pieces.hash_early(flat) for name, flat in flats.items()}
+            early: dict[str, Future[str]] = {}
             try:
-                _write_file(writer, pieces, file_name, group, values=values, flats=flats, early=early)
+                values = {tensor.name: live_tensor(tensor) for tensor in group}
+                flats = {name: _flat_bytes(value) for name, value in values.items()} if model_is_private else {}
+                early.update((name, pieces.hash_early(flat)) for name, flat in flats.items())
+                _write_file(writer, pieces, file_name, group, values=values, flats=flats, early=early, checked=checked)
             except BaseException:
                 for digest in early.values():
                     digest.cancel()  # a failed file hashes no further tensor before the failure is reported
+                if checked is not None:
+                    checked.result()  # a model that failed its check fails the production with that error
                 raise
 
 
@@ -127,11 +136,12 @@ def _write_file(
     values: Mapping[str, torch.Tensor],
     flats: Mapping[str, torch.Tensor],
     early: Mapping[str, Future[str]],
+    checked: Future[None] | None = None,
 ) -> None:
     """Open one caller-hashed payload file, write its tensors in layout order, close it with their digests.
 
     `flats` and `early`: a private model's tensors as flat bytes and their digests, already being hashed
-    (both empty: copy piece by piece)."""
+    (both empty: copy piece by piece). `checked`: the model's check, which must pass before the file is closed."""
     specs = tuple(tensor.write_spec() for tensor in group)
     file_writer = writer.open_tensor_file(file_name, specs, ordered=True, caller_hashes=True)
     if not isinstance(file_writer, _CallerHashedFile):  # pragma: no cover - the store's files are
@@ -141,6 +151,8 @@ def _write_file(
         digests = [early[spec.name] for spec in file_writer.layout]
     else:
         digests = [pieces.write(file_writer, spec.name, values[spec.name]) for spec in file_writer.layout]
+    if checked is not None:
+        checked.result()
     file_writer.close_hashed([digest.result() for digest in digests])
 
 
