@@ -84,12 +84,14 @@ def _without_id_and_time(ready: bytes) -> dict[str, object]:
 
 
 def _piece_bytes_seam(monkeypatch: pytest.MonkeyPatch, nbytes: int) -> None:
-    """Pieces of `nbytes` (whole rows), so most tensors of a small model are written in several pieces."""
+    """Pieces of `nbytes` (whole rows), so most tensors of a small model are written in several pieces, and a
+    private model's batches of about `nbytes`, so its file is written in several `pwritev` calls."""
     monkeypatch.setattr(_live_write, "LIVE_PIECE_BYTES", nbytes)
+    monkeypatch.setattr(_live_write, "LIVE_BATCH_BYTES", nbytes)
 
 
 # (piece bytes, payload-file bytes or None for one file, model_is_private)
-CASES = [(4096, None, False), (1000, 64 * 1024, False), (2**22, 16 * 1024, False), (4096, None, True), (1000, 16 * 1024, True)]
+CASES = [(4096, None, False), (1000, 64 * 1024, False), (2**22, 16 * 1024, False), (4096, None, True), (1000, 16 * 1024, True), (2**22, None, True)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
@@ -164,3 +166,32 @@ def test_one_pass_publication_mid_write_enospc_is_typed_and_leaves_nothing(
     hit = store.lookup(context.identity, validation=ValidationLevel.FULL_CHECKSUM)
     assert hit.status is StoreStatus.HIT and hit.lease is not None, hit.failure
     hit.lease.close()
+
+
+@pytest.mark.parametrize("private", [False, True], ids=["copied", "private"])
+def test_s18_a_model_that_breaks_the_tensor_contract_fails_and_leaves_nothing(
+    wan: Folder, tmp_path: Path, private: bool
+) -> None:
+    """S18 S04: a loaded model one of whose weights has another shape (the same bytes, transposed) than the identity
+    records is a non-retryable PRODUCER_FAILED naming the contract, even where the check runs beside the writes
+    (a private model); no artifact or staging directory is left, and nothing can be looked up under the key."""
+    holder = Pipeline(wan.canonical())
+    context = identity_context(holder, wan.source())
+    owner, name, weight = next(
+        (module, name, parameter)
+        for module in holder.transformer.modules()
+        for name, parameter in module.named_parameters(recurse=False)
+        if parameter.dim() == 2 and parameter.shape[0] != parameter.shape[1]
+    )
+    setattr(owner, name, torch.nn.Parameter(weight.detach().t().contiguous(), requires_grad=False))
+    runtime = runtime_at(tmp_path / "domain")
+
+    report = publish_canonical(runtime, context, holder.transformer, model_is_private=private)
+
+    assert report.status is PostLoadPublicationStatus.FAILED and report.failure is not None
+    assert report.failure.code is FailureCode.PRODUCER_FAILED and not report.failure.retryable
+    assert "tensor contract" in report.failure.message
+    store = FilesystemHostWeightStore(runtime.config.root)
+    for directory in (store.layout.artifacts, store.layout.tmp):
+        assert os.listdir(directory) == [], directory
+    assert store.lookup(context.identity, validation=ValidationLevel.FULL_CHECKSUM).status is StoreStatus.MISS

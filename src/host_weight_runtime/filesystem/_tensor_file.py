@@ -10,7 +10,6 @@ from another file (`copy_data`, for a caller that hashes the stored pages itself
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -28,6 +27,7 @@ from ._cast_buffers import CastBuffers
 from ._coverage import RowCoverage, claims_of, rows_of_write
 from ._kernel_copy import StoredRange, kernel_copy
 from ._payload_hashing import PayloadHasher
+from ._pwrite import pwrite_all, pwritev_all
 from ._safetensors_layout import FileLayout, tensor_bytes
 from ._write_failures import os_failed, producer_failed
 
@@ -86,19 +86,6 @@ class WrittenFile:
         )
 
 
-def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
-    """Write all of `data` at `offset`; a pwrite that makes no progress is an I/O error."""
-    done = 0
-    total = len(data)
-    while done < total:
-        fault_point("writer.pwrite")
-        written = os.pwrite(fd, data[done:], offset + done)
-        if written <= 0:
-            raise OSError(errno.EIO, "pwrite wrote no bytes")
-        done += written
-        fault_point("writer.after_pwrite")  # part of the payload is on disk: the mid-write ENOSPC/EIO seam
-
-
 def create_tensor_file(
     owner: TensorFileOwner,
     staging_dir: Path,
@@ -131,7 +118,7 @@ def create_tensor_file(
         except OSError as exc:
             raise os_failed(exc, f"preallocating {layout.size} bytes for {name}", file=name, size=layout.size) from exc
         try:
-            _pwrite_all(fd, layout.header, 0)
+            pwrite_all(fd, layout.header, 0)
         except OSError as exc:
             raise os_failed(exc, f"writing the safetensors header of {name}", file=name) from exc
         return StagingTensorFileWriter(owner, name, fd, layout, ordered=ordered, caller_hashes=caller_hashes)
@@ -261,6 +248,11 @@ class StagingTensorFileWriter:
         """Write `data` as the next bytes of the data section (ordered, caller-hashed files; whole rows), with no
         tensor in between: for a caller that holds the bytes of a laid-out file, such as a ranged remote read."""
         self._owner._guarded(lambda: self._write_data(data))
+
+    def write_data_parts(self, parts: Sequence[memoryview]) -> None:
+        """`write_data` of the concatenation of `parts` (flat byte views), written by `pwritev` straight from
+        them: for a caller that holds several consecutive tensors' bytes in separate buffers."""
+        self._owner._guarded(lambda: self._write_data_parts(parts))
 
     def close(self) -> None:
         """Check coverage, fsync, hash and release the file; later calls do nothing."""
@@ -428,10 +420,20 @@ class StagingTensorFileWriter:
 
     def _write_data(self, data: bytes | bytearray | memoryview) -> None:
         def transfer(offset: int) -> int:
-            _pwrite_all(self._fd, memoryview(data), offset)
+            pwrite_all(self._fd, memoryview(data), offset)
             return len(data)
 
         self._store_data(len(data), transfer)
+
+    def _write_data_parts(self, parts: Sequence[memoryview]) -> None:
+        views = [memoryview(part).cast("B") for part in parts]
+        nbytes = sum(view.nbytes for view in views)
+
+        def transfer(offset: int) -> int:
+            pwritev_all(self._fd, views, offset)
+            return nbytes
+
+        self._store_data(nbytes, transfer)
 
     def _mixed(self, name: str, first: str) -> BaseException:
         return producer_failed(
@@ -479,7 +481,7 @@ class StagingTensorFileWriter:
 
     def _pwrite(self, data: memoryview, offset: int, name: str, start: int, stop: int) -> None:
         try:
-            _pwrite_all(self._fd, data, offset)
+            pwrite_all(self._fd, data, offset)
         except OSError as exc:
             raise os_failed(
                 exc,

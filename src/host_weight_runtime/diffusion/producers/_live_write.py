@@ -23,10 +23,14 @@ from ...protocols import ArtifactWriter, TensorFileWriter, TensorWriteSpec
 from ..tensor_layout import FinalLayoutTensor
 from ._shards import ProgressCallback, TensorWriter, write_files
 
-__all__ = ["LIVE_PIECE_BYTES", "write_live_files"]
+__all__ = ["LIVE_BATCH_BYTES", "LIVE_PIECE_BYTES", "write_live_files"]
 
 LIVE_PIECE_BYTES = 4 * 2**20
 """How many bytes of a live tensor are copied, written and hashed at a time (whole rows, at least one)."""
+
+LIVE_BATCH_BYTES = 64 * 2**20
+"""A private model's consecutive tensors are written together, up to this many bytes per `pwritev` (whole tensors,
+at least one): one system call and one coverage claim per batch instead of per tensor."""
 
 _BUFFERS = 3
 """Private buffers in rotation: one being filled while the lane hashes the others."""
@@ -44,6 +48,13 @@ class _CallerHashedFile(Protocol):
     def write_data(self, data: bytes | bytearray | memoryview) -> None: ...
 
     def close_hashed(self, tensor_digests: Sequence[str]) -> None: ...
+
+
+@runtime_checkable
+class _VectoredFile(Protocol):
+    """A caller-hashed file that writes several consecutive buffers in one call (the store's writer provides it)."""
+
+    def write_data_parts(self, parts: Sequence[memoryview]) -> None: ...
 
 
 @runtime_checkable
@@ -78,6 +89,7 @@ def write_live_files(
     progress: ProgressCallback | None = None,
     *,
     model_is_private: bool = False,
+    check: Callable[[], None] | None = None,
 ) -> None:
     """Write every planned file from the live tensors; a writer that cannot take caller digests gets `fallback`
     (tensor by tensor, hashed by the writer).
@@ -85,8 +97,12 @@ def write_live_files(
     `model_is_private`: the caller guarantees that nothing writes these tensors until the call returns (a load
     publishing a model it has not handed out yet). Then no private copy is needed: each file's tensors are
     hashed straight from their memory, starting before the file is preallocated, and written from it.
+    `check`: a check of the model that fails the production by raising; it runs first on the hash lane while
+    the files are written, and no file is closed before it passed (its error wins over any later one).
     """
     if not isinstance(writer, _HashingArtifactWriter):
+        if check is not None:
+            check()
         write_files(writer, files, fallback, progress)
         return
     total = sum(tensor.nbytes for _file_name, group in files for tensor in group)
@@ -95,14 +111,19 @@ def write_live_files(
     # Leaving the block waits for every hash, so no buffer is read after the call, even a failed one.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-live-hash") as lane:
         pieces = _PieceWriter(lane, writer.chunk_bytes, writer.digest_algorithm, progress, total)
+        checked = lane.submit(check) if check is not None else None
         for file_name, group in files:
-            values = {tensor.name: live_tensor(tensor) for tensor in group}
-            early = {name: pieces.hash_early(value) for name, value in values.items()} if model_is_private else {}
+            early: dict[str, Future[str]] = {}
             try:
-                _write_file(writer, pieces, file_name, group, values=values, early=early)
+                values = {tensor.name: live_tensor(tensor) for tensor in group}
+                flats = {name: _flat_bytes(value) for name, value in values.items()} if model_is_private else {}
+                early.update((name, pieces.hash_early(flat)) for name, flat in flats.items())
+                _write_file(writer, pieces, file_name, group, values=values, flats=flats, early=early, checked=checked)
             except BaseException:
                 for digest in early.values():
                     digest.cancel()  # a failed file hashes no further tensor before the failure is reported
+                if checked is not None:
+                    checked.result()  # a model that failed its check fails the production with that error
                 raise
 
 
@@ -113,21 +134,25 @@ def _write_file(
     group: Sequence[FinalLayoutTensor],
     *,
     values: Mapping[str, torch.Tensor],
+    flats: Mapping[str, torch.Tensor],
     early: Mapping[str, Future[str]],
+    checked: Future[None] | None = None,
 ) -> None:
     """Open one caller-hashed payload file, write its tensors in layout order, close it with their digests.
 
-    `early`: the digests of a private model's tensors, already being hashed (empty: copy piece by piece)."""
+    `flats` and `early`: a private model's tensors as flat bytes and their digests, already being hashed
+    (both empty: copy piece by piece). `checked`: the model's check, which must pass before the file is closed."""
     specs = tuple(tensor.write_spec() for tensor in group)
     file_writer = writer.open_tensor_file(file_name, specs, ordered=True, caller_hashes=True)
     if not isinstance(file_writer, _CallerHashedFile):  # pragma: no cover - the store's files are
         raise TypeError(f"{type(file_writer).__name__} cannot be closed with caller digests")
-    digests = [
-        pieces.write_hashed(file_writer, spec.name, values[spec.name], early[spec.name])
-        if early
-        else pieces.write(file_writer, spec.name, values[spec.name])
-        for spec in file_writer.layout
-    ]
+    if early:
+        pieces.write_private(file_writer, values, flats)
+        digests = [early[spec.name] for spec in file_writer.layout]
+    else:
+        digests = [pieces.write(file_writer, spec.name, values[spec.name]) for spec in file_writer.layout]
+    if checked is not None:
+        checked.result()
     file_writer.close_hashed([digest.result() for digest in digests])
 
 
@@ -184,24 +209,42 @@ class _PieceWriter:
                     self._progress(self._done, self._total)
         return self._lane.submit(_digest_after, pieces, hasher)  # the lane runs in order: after the last piece
 
-    def hash_early(self, value: torch.Tensor) -> Future[str]:
-        """The digest of a private tensor's bytes, hashed on the lane from its own memory."""
-        flat = _flat_bytes(value)
+    def hash_early(self, flat: torch.Tensor) -> Future[str]:
+        """The digest of a private tensor's flat bytes, hashed on the lane from its own memory."""
         return self._lane.submit(tree_digest, flat.numpy().data, self._chunk_bytes, self._algorithm)
 
-    def write_hashed(
-        self, file_writer: _CallerHashedFile, name: str, value: torch.Tensor, digest: Future[str]
-    ) -> Future[str]:
-        """Write a private tensor (hashed by `hash_early`) straight from its memory."""
-        flat = _flat_bytes(value)
-        if flat.numel() == 0:
-            file_writer.write_tensor(name, value)
+    def write_private(
+        self, file_writer: _CallerHashedFile, values: Mapping[str, torch.Tensor], flats: Mapping[str, torch.Tensor]
+    ) -> None:
+        """Write a private model's tensors (hashed by `hash_early`) in layout order straight from their memory,
+        consecutive ones together, up to `LIVE_BATCH_BYTES` per call."""
+        batch: list[memoryview] = []
+        batch_bytes = 0
+        for spec in file_writer.layout:
+            flat = flats[spec.name]
+            if flat.numel() == 0:
+                self._write_batch(file_writer, batch, batch_bytes)
+                batch, batch_bytes = [], 0
+                file_writer.write_tensor(spec.name, values[spec.name])  # no bytes: only its rows to account for
+                continue
+            batch.append(flat.numpy().data)
+            batch_bytes += flat.numel()
+            if batch_bytes >= LIVE_BATCH_BYTES:
+                self._write_batch(file_writer, batch, batch_bytes)
+                batch, batch_bytes = [], 0
+        self._write_batch(file_writer, batch, batch_bytes)
+
+    def _write_batch(self, file_writer: _CallerHashedFile, batch: Sequence[memoryview], nbytes: int) -> None:
+        if not batch:
+            return
+        if len(batch) > 1 and isinstance(file_writer, _VectoredFile):
+            file_writer.write_data_parts(batch)
         else:
-            file_writer.write_data(flat.numpy().data)
-        self._done += flat.numel()
+            for part in batch:
+                file_writer.write_data(part)
+        self._done += nbytes
         if self._progress is not None:
             self._progress(self._done, self._total)
-        return digest
 
     def _take(self, nbytes: int) -> tuple[int, memoryview]:
         """The next buffer in rotation, once its previous hash finished, as a view of `nbytes`."""

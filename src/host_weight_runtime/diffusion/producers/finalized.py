@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -40,6 +40,19 @@ class FinalLayoutBF16Producer(SingleArtifactProducer):
     def produce(self, writer: ArtifactWriter) -> ProductionMetadata:
         context = self._context
         context.ensure_sources_unchanged()
+        files = plan_shards(context.tensors, self._shard_bytes)
+        if self._model_is_private:  # checked on the hash lane while the first bytes are written
+            publish_live(
+                writer, files, self._dit_modules, self._progress, model_is_private=True, check=self._check_contract
+            )
+        else:
+            self._check_contract()
+            publish_live(writer, files, self._dit_modules, self._progress)
+        return self._finish()
+
+    def _check_contract(self) -> None:
+        """The loaded model's tensors are the identity's (names, shapes, dtypes, roles), or PRODUCER_FAILED."""
+        context = self._context
         ownership, _contracts = discover_final_layout(self._dit_modules, context.policy, context.aliases)
         if ownership.tensors != context.tensors:
             expected = {tensor.name: tensor for tensor in context.tensors}
@@ -52,9 +65,6 @@ class FinalLayoutBF16Producer(SingleArtifactProducer):
                 f"e.g. {differing[:5]}); it cannot be published under this key",
                 differing=len(differing),
             )
-        files = plan_shards(context.tensors, self._shard_bytes)
-        publish_live(writer, files, self._dit_modules, self._progress, model_is_private=self._model_is_private)
-        return self._finish()
 
 
 def publish_live(
@@ -64,8 +74,9 @@ def publish_live(
     progress: ProgressCallback | None = None,
     *,
     model_is_private: bool = False,
+    check: Callable[[], None] | None = None,
 ) -> None:
-    """Write the serving model's tensors into the planned files in one pass (`write_live_files`)."""
+    """Write the serving model's tensors into the planned files in one pass (`write_live_files`; `check` as there)."""
     live = tensors_by_name(dit_modules)
     write_live_files(
         writer,
@@ -74,6 +85,7 @@ def publish_live(
         lambda file_writer, tensor: write_live(file_writer, tensor, live),
         progress,
         model_is_private=model_is_private,
+        check=check,
     )
 
 
