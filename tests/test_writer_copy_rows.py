@@ -135,9 +135,9 @@ def test_s13_a_hash_failure_behind_the_copy_is_a_typed_io_error(tmp_path: Path) 
 
 
 def test_copied_rows_are_hashed_behind_the_copy_and_never_read_back(tmp_path: Path) -> None:
-    """S05: every hash of a copied file runs piece by piece as rows are copied, on the copying thread or on
-    the lane's write thread right after its write; none reads the file back after it was written (the
-    writer pool's read-back, on its `hwr-write` threads, never runs)."""
+    """S05: every hash of a copied file runs as rows are copied, one step per leaf a piece completes or cuts,
+    on the copying thread or on the lane's write thread right after its write; none reads the file back
+    after it was written (the writer pool's read-back, on its `hwr-write` threads, never runs)."""
     threads: list[str] = []
 
     def record(_point: str) -> None:
@@ -145,10 +145,24 @@ def test_copied_rows_are_hashed_behind_the_copy_and_never_read_back(tmp_path: Pa
 
     with armed("writer.hash", Fault(FaultAction.PAUSE, hook=record, times=1_000_000)):
         _write(tmp_path, copy=True)
-    pieces = sum(-(-rows.shape[0] // 5) for rows, _dtype in _SOURCES.values())
-    assert len(threads) == pieces
+    steps = sum(
+        _leaf_steps(rows.numel() * dtype.itemsize, 5 * rows[0].numel() * dtype.itemsize, SMALL_CHUNK)
+        for rows, dtype in _SOURCES.values()
+    )
+    assert len(threads) == steps
     copying = threading.current_thread().name
     assert all(name == copying or name.startswith("hwr-write-lane") for name in threads), set(threads)
+
+
+def _leaf_steps(total: int, piece_bytes: int, chunk: int) -> int:
+    """Leaf hashes of a tensor fed in pieces: one for each leaf a piece completes, one for a leaf it cuts."""
+    steps = 0
+    for begin in range(0, total, piece_bytes):
+        at, end = begin, min(total, begin + piece_bytes)
+        while at < end:
+            at = min(end, (at // chunk + 1) * chunk, total)
+            steps += 1
+    return steps
 
 
 @pytest.mark.parametrize("point", ["writer.pwrite", "writer.after_pwrite"])

@@ -1,9 +1,9 @@
-"""The writer's lane: converted rows written on the lane's write thread while the converting thread hashes
-them, or hashed by the write thread after its write when it would otherwise wait.
+"""The writer's lane: converted rows written on the lane's write thread, the leaves they complete hashed on
+the converting thread or on the write thread after its write, whichever has spent less CPU.
 
-Where a piece is hashed must not change a byte or a digest: what the lane hashes piece by piece is the
+Where a leaf is hashed must not change a byte or a digest: what the lane hashes piece by piece is the
 serial tree digest of the bytes, whatever the piece sizes (odd sizes, pieces that cut leaves anywhere,
-many small tensors) and whichever thread hashes each piece. A failure on either thread is typed, leaves
+many small tensors) and whichever thread hashes each leaf. A failure on either thread is typed, leaves
 no artifact or staging residue, and leaves no lane thread running.
 """
 
@@ -82,7 +82,7 @@ def test_s05_the_split_lane_gives_the_serial_tree_digest_for_any_pieces(
                 def store(target: bytearray = stored[name], piece: bytes = payload[begin:end]) -> None:
                     target += piece
 
-                lane.feed(name, whole, begin, end, store)
+                lane.feed(name, whole, begin, end, store, tensor_nbytes=len(payload))
                 position = end
                 if position == len(payload):
                     break
@@ -95,57 +95,65 @@ def test_s05_the_split_lane_gives_the_serial_tree_digest_for_any_pieces(
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda algorithm: algorithm.value)
-def test_s05_pieces_hashed_on_either_thread_keep_each_tensors_order_and_digest(
+def test_s05_leaves_go_to_the_thread_that_spent_less_cpu_and_keep_the_digest(
     algorithm: DigestAlgorithm, lane_threads_before: set[threading.Thread]
 ) -> None:
-    """S05: the caller hashes a piece while the write thread is busy storing an earlier one; the write thread
-    hashes a piece when it has nothing else queued, and every later piece of a tensor whose piece is still
-    queued there. Both kinds of piece, mixed within one tensor, give the serial tree digest of its bytes."""
+    """S05: a piece's completed leaves are hashed by whichever thread has spent less CPU on the lane (the
+    lane's clock, here one the test moves), a leaf cut by a piece is continued across pieces and across
+    threads, and the tensor's digest is the serial tree digest of its bytes either way."""
     chunk = 64
     rng = random.Random(11)
     payload = bytes(rng.getrandbits(8) for _ in range(9 * chunk + 13))
-    other = bytes(rng.getrandbits(8) for _ in range(3 * chunk + 5))
-    whole, other_whole = memoryview(payload), memoryview(other)
-    release = threading.Event()
+    whole = memoryview(payload)
+    cpu = {"caller": 0.0, "writer": 0.0}
     stored = bytearray()
 
-    def held_store(piece: bytes) -> None:
-        release.wait()  # the write thread stays busy until the test lets it go
-        stored.extend(piece)
+    def clock() -> float:
+        return cpu["writer" if threading.current_thread().name.startswith("hwr-write-lane") else "caller"]
 
-    lane = InOrderHashLane(chunk_bytes=chunk, algorithm=algorithm)
-    third = bytes(rng.getrandbits(8) for _ in range(50))
+    def store(begin: int, end: int, writer_seconds: float = 0.0) -> None:
+        cpu["writer"] += writer_seconds
+        stored.extend(payload[begin:end])
+
+    lane = InOrderHashLane(chunk_bytes=chunk, algorithm=algorithm, clock=clock)
     try:
-        # the write thread is idle: it stores and hashes t[0:100), then stays busy (held)
-        first_t = lane.feed("t", whole, 0, 100, lambda: held_store(payload[0:100]))
-        # t's piece is still queued there, so t[100:250) follows it to the write thread, in order
-        lane.feed("t", whole, 100, 250, lambda: stored.extend(payload[100:250]))
-        assert lane.hashed_while_writing == 2
-        # the write thread is busy and u has nothing queued: this thread hashes u[0:70) at once
-        lane.feed("u", other_whole, 0, 70, lambda: stored.extend(other[0:70]))
-        assert lane.hashed_while_writing == 2
-        release.set()
-        first_t.result()
-        lane.wait()
-        release.clear()
-        # idle again: the write thread hashes u's last piece and t[250:300)
-        lane.feed("u", other_whole, 70, len(other), lambda: stored.extend(other[70:])).result()
-        lane.feed("t", whole, 250, 300, lambda: stored.extend(payload[250:300])).result()
-        assert lane.hashed_while_writing == 4
-        # the write thread holds v; t has nothing queued any more, so this thread hashes the rest of t
-        held_v = lane.feed("v", memoryview(third), 0, len(third), lambda: held_store(third))
-        lane.feed("t", whole, 300, len(payload), lambda: stored.extend(payload[300:]))
-        assert lane.hashed_while_writing == 5
-        release.set()
-        held_v.result()
+        # nothing spent yet, and the write thread has this piece's write to do: this thread hashes leaf 0,
+        # and starts leaf 1 (cut at byte 100)
+        lane.feed("t", whole, 0, 100, lambda: store(0, 100), tensor_nbytes=len(payload)).result()
+        assert lane.hashed_while_writing == 0
+        # this thread has spent 5 s, the write thread nothing: it finishes leaf 1 and hashes leaves 2 and 3;
+        # the write below costs it 10 s
+        cpu["caller"] = 5.0
+        lane.feed("t", whole, 100, 300, lambda: store(100, 300, 10.0), tensor_nbytes=len(payload)).result()
+        assert lane.hashed_while_writing == 3
+        # now the write thread has spent more: this thread finishes leaf 4 and hashes the rest (the last,
+        # short leaf included)
+        lane.feed("t", whole, 300, len(payload), lambda: store(300, len(payload)), tensor_nbytes=len(payload))
+        assert lane.hashed_while_writing == 3
         assert lane.digest("t") == tree_digest(payload, chunk, algorithm)
-        assert lane.digest("u") == tree_digest(other, chunk, algorithm)
-        assert lane.digest("v") == tree_digest(third, chunk, algorithm)
-        assert bytes(stored) == payload[:250] + other + payload[250:300] + third + payload[300:]
+        assert bytes(stored) == payload
     finally:
-        release.set()
         lane.drain()
     assert _new_lane_threads(lane_threads_before) == []
+
+
+def test_s05_a_piece_past_the_tensors_end_or_a_digest_before_its_last_byte_is_refused() -> None:
+    """S05: the lane never digests bytes that do not make up the whole tensor: a piece longer than what is
+    left of it, a different length for the same tensor, or a digest before every byte was fed, are refused."""
+    lane = InOrderHashLane(chunk_bytes=64, algorithm=DigestAlgorithm.BLAKE3_TREE_V1)
+    data = memoryview(bytes(range(100)))
+    try:
+        lane.feed("t", data, 0, 60, lambda: None, tensor_nbytes=100).result()
+        with pytest.raises(ValueError, match="do not fit a tensor of 100 bytes"):
+            lane.feed("t", data, 0, 41, lambda: None, tensor_nbytes=100)
+        with pytest.raises(ValueError, match="fed as 90"):
+            lane.feed("t", data, 0, 10, lambda: None, tensor_nbytes=90)
+        with pytest.raises(ValueError, match="only 60 of its 100 bytes"):
+            lane.digest("t")
+        lane.feed("t", data, 60, 100, lambda: None, tensor_nbytes=100)
+        assert lane.digest("t") == tree_digest(bytes(range(100)), 64, DigestAlgorithm.BLAKE3_TREE_V1)
+    finally:
+        lane.drain()
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda algorithm: algorithm.value)

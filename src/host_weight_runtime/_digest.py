@@ -45,19 +45,21 @@ DIGEST_ALGORITHM = DEFAULT_DIGEST_ALGORITHM.value
 """The default algorithm's name (the format every artifact used before `blake3-tree-v1`)."""
 
 
-class _LeafHash(Protocol):
+class LeafHasher(Protocol):
+    """One leaf's incremental hash (SHA-256 or BLAKE3): bytes in order, then its 32-byte digest."""
+
     def update(self, data: memoryview | bytes, /) -> object: ...
 
     def digest(self) -> bytes: ...
 
-    def copy(self) -> _LeafHash: ...
+    def copy(self) -> LeafHasher: ...
 
 
 def _tree_tag(algorithm: DigestAlgorithm) -> bytes:
     return b"hwr/" + algorithm.value.encode("ascii") + b"\x00"
 
 
-def _blake3_leaf(data: memoryview | bytes = b"") -> _LeafHash:
+def _blake3_leaf(data: memoryview | bytes = b"") -> LeafHasher:
     try:
         from blake3 import blake3
     except ImportError as exc:  # a base dependency; only a broken install lacks it
@@ -68,7 +70,7 @@ def _blake3_leaf(data: memoryview | bytes = b"") -> _LeafHash:
     return blake3(data)
 
 
-def _new_leaf(algorithm: DigestAlgorithm, data: memoryview | bytes = b"") -> _LeafHash:
+def _new_leaf(algorithm: DigestAlgorithm, data: memoryview | bytes = b"") -> LeafHasher:
     if algorithm is DigestAlgorithm.BLAKE3_TREE_V1:
         return _blake3_leaf(data)
     return hashlib.sha256(data)
@@ -164,6 +166,12 @@ _LEAF_DIGESTS: dict[DigestAlgorithm, Callable[[memoryview], bytes]] = {
 def chunk_digest(view: memoryview, algorithm: DigestAlgorithm = DEFAULT_DIGEST_ALGORITHM) -> bytes:
     """The leaf digest of one chunk (both leaf hashes release the GIL while they hash)."""
     return _LEAF_DIGESTS[algorithm](view)
+
+
+def leaf_hasher(algorithm: DigestAlgorithm = DEFAULT_DIGEST_ALGORITHM) -> LeafHasher:
+    """An incremental hasher of one leaf, for a leaf whose bytes arrive in more than one piece."""
+    _check_algorithm(algorithm)
+    return _new_leaf(algorithm)
 
 
 def combine_chunk_digests(

@@ -5,9 +5,11 @@ ordered writes are read back tensor by tensor on the pool behind the writes; uno
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import mmap
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
@@ -15,10 +17,11 @@ from concurrent.futures import wait as futures_wait
 from .._digest import (
     DEFAULT_DIGEST_ALGORITHM,
     DigestAlgorithm,
-    TreeHasher,
+    LeafHasher,
     chunk_digest,
     combine_chunk_digests,
     file_digest,
+    leaf_hasher,
     tree_digest,
     tree_digests_parallel,
 )
@@ -29,9 +32,7 @@ from ._write_failures import os_failed
 __all__ = ["InOrderHashLane", "PayloadHasher", "hash_file_range"]
 
 
-def hash_file_range(
-    fd: int, offset: int, length: int, algorithm: DigestAlgorithm = DEFAULT_DIGEST_ALGORITHM
-) -> bytes:
+def hash_file_range(fd: int, offset: int, length: int, algorithm: DigestAlgorithm = DEFAULT_DIGEST_ALGORITHM) -> bytes:
     """The chunk digest of `length` bytes at `offset` of a written file, through a mapping of just those bytes."""
     fault_point("writer.hash")
     if length == 0:
@@ -45,90 +46,208 @@ def hash_file_range(
         return chunk_digest(piece, algorithm)
 
 
+class _Leaf:
+    """The bytes of one leaf that a piece completes: [begin, end) of the piece's buffer, after what
+    `started` (the leaf's earlier bytes, from earlier pieces) already hashed."""
+
+    __slots__ = ("begin", "end", "index", "started")
+
+    def __init__(self, index: int, started: LeafHasher | None, begin: int, end: int) -> None:
+        self.index = index
+        self.started = started
+        self.begin = begin
+        self.end = end
+
+
+class _TensorLeaves:
+    """One tensor's leaf digests as they are completed (in any order), and the hasher of the leaf its
+    bytes so far end inside, which only the caller's thread continues."""
+
+    __slots__ = ("digests", "fed", "partial", "total")
+
+    def __init__(self, total: int, chunk_bytes: int) -> None:
+        self.total = total
+        self.fed = 0
+        self.partial: LeafHasher | None = None
+        self.digests: list[bytes | None] = [None] * max(1, -(-total // chunk_bytes))
+
+
 class InOrderHashLane:
     """Tree digests of tensors whose bytes are handed over in order, each piece written on the lane's write
-    thread while the caller hashes it; the write thread hashes too whenever it would otherwise wait.
+    thread while its leaves are hashed on both threads, shared by the CPU each has spent.
 
     The writer converts rows into a reused buffer and hands the lane that buffer: the write thread
-    `pwrite`s it while the caller's thread hashes the same bytes, still in cache from the conversion
-    (both only read the buffer, and both release the GIL), then converts the next chunk. On two cores
-    that is two threads of about equal work (convert + hash, write) instead of three competing for
-    two cores. When the write thread has already finished everything handed to it (the caller is the
-    slower side), the next piece is hashed on the write thread after its write, so neither core waits.
-    A tensor's pieces are hashed in order either way: a piece goes to the write thread while an earlier
-    piece of its tensor is still queued there. Nothing is read back from the file later; the digest is
-    the same tree digest a read-back would give (docs/DIGEST.md). The first failure on any thread is
-    kept; later pieces are skipped and the writer's next `feed` or `wait` raises it.
+    `pwrite`s it, and the leaves the piece completes are hashed from the same bytes, still in cache from
+    the conversion, some by the caller's thread while the write runs and some by the write thread right
+    after it (both only read the buffer, and both release the GIL). A tree digest's leaves are
+    independent (docs/DIGEST.md), so a piece's leaves go to whichever thread has spent less CPU on the
+    lane so far, counting the work already handed to it: the split follows the costs measured on this
+    machine, piece by piece, and neither thread waits for the other's hash of an earlier piece. Only a
+    leaf that a piece leaves unfinished is hashed on the caller's thread before `feed` returns, so the
+    next piece continues it; no byte is copied or read back. The first failure on any thread is kept;
+    later pieces are skipped and the writer's next `feed` or `wait` raises it. `clock` (the calling
+    thread's CPU seconds) is a seam for tests.
     """
 
     __slots__ = (
         "_algorithm",
+        "_caller_hash",
+        "_caller_started",
         "_chunk_bytes",
+        "_clock",
         "_error",
-        "_hash_pool",
-        "_hashers",
-        "_last_hash",
+        "_in_flight",
         "_last_store",
         "_lock",
-        "_queued_hash",
+        "_tensors",
         "_write_pool",
+        "_writer_busy",
+        "_writer_hash",
+        "_writer_store",
         "hashed_while_writing",
     )
 
-    def __init__(self, *, chunk_bytes: int, algorithm: DigestAlgorithm) -> None:
+    def __init__(
+        self, *, chunk_bytes: int, algorithm: DigestAlgorithm, clock: Callable[[], float] = time.thread_time
+    ) -> None:
         self._chunk_bytes = chunk_bytes
         self._algorithm = algorithm
-        self._hashers: dict[str, TreeHasher] = {}
-        self._hash_pool: ThreadPoolExecutor | None = None
+        self._clock = clock
+        self._tensors: dict[str, _TensorLeaves] = {}
         self._write_pool: ThreadPoolExecutor | None = None
-        self._last_hash: Future[None] | None = None  # each pool runs in order: its latest piece is done last
-        self._last_store: Future[None] | None = None
-        self._queued_hash: dict[str, Future[None]] = {}  # tensor -> its latest piece hashed on the write thread
+        self._last_store: Future[None] | None = None  # the write thread runs in order: its latest piece is done last
+        self._caller_started: float | None = None  # the caller's CPU clock at the first piece
+        # CPU seconds and bytes, each pair written by one thread only: [seconds, bytes]
+        self._writer_store = [0.0, 0]
+        self._writer_hash = [0.0, 0]
+        self._caller_hash = [0.0, 0]
+        self._writer_busy = 0.0  # CPU seconds of the write thread's finished pieces
+        self._in_flight: collections.deque[tuple[Future[None], float]] = collections.deque()  # (piece, estimate)
         self._lock = threading.Lock()
         self._error: BaseException | None = None  # the first failed piece; later pieces are skipped
         self.hashed_while_writing = 0
-        """Pieces the write thread hashed (after their write) because it would otherwise have waited."""
+        """Leaves the write thread hashed (after its write)."""
 
     def feed(
-        self, name: str, whole: memoryview, begin: int, end: int, store: Callable[[], None] | None = None
+        self, name: str, whole: memoryview, begin: int, end: int, store: Callable[[], None], *, tensor_nbytes: int
     ) -> Future[None]:
-        """Hash bytes [begin, end) of `whole` as the next bytes of tensor `name`; done when the future is.
-
-        `store`, when given, runs on the write thread (the writer's `pwrite` of those bytes) while this
-        thread hashes them, or the write thread hashes them after storing (see the class). The future is
-        done once the write and the hash both are; the caller keeps the bytes unchanged until then."""
+        """Bytes [begin, end) of `whole` are the next bytes of tensor `name` (`tensor_nbytes` long in all):
+        `store` (the writer's `pwrite` of them) runs on the write thread, and the leaves they complete are
+        hashed on either thread (see the class). The future is done once the write and every hash of these
+        bytes are; the caller keeps the bytes unchanged until then."""
         if self._error is not None:
             raise self._error  # an earlier piece failed: stop the writer now rather than at close
-        hasher = self._hashers.get(name)
-        if hasher is None:
-            hasher = self._hashers[name] = TreeHasher(self._chunk_bytes, self._algorithm)
-
-        def hash_piece() -> None:
-            self._hash_piece(hasher, whole, begin, end)
-
-        if store is None:
-            if self._hash_pool is None:
-                self._hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-hash-lane")
-            hashed = self._last_hash = self._hash_pool.submit(self._run, hash_piece)
-            return hashed
+        tensor = self._tensors.get(name)
+        if tensor is None:
+            tensor = self._tensors[name] = _TensorLeaves(tensor_nbytes, self._chunk_bytes)
+        if tensor.total != tensor_nbytes or end - begin > tensor.total - tensor.fed:
+            raise ValueError(
+                f"{name}: {end - begin} more bytes after {tensor.fed} do not fit a tensor of {tensor.total} bytes "
+                f"(fed as {tensor_nbytes})"
+            )
+        completed, unfinished = self._leaves_of(tensor, begin, end)
+        now = self._clock()
+        if self._caller_started is None:
+            self._caller_started = now
+        mine, theirs = self._share(completed, end - begin, now - self._caller_started)
         if self._write_pool is None:
             self._write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-write-lane")
-        queued = self._queued_hash.get(name)
-        writer_idle = self._last_store is None or self._last_store.done()
-        if writer_idle or (queued is not None and not queued.done()):
 
-            def store_then_hash() -> None:
-                store()
-                hash_piece()
+        def on_write_thread() -> None:
+            started = self._clock()
+            try:
+                self._run(store)
+                stored = self._clock()
+                self._writer_store[0] += stored - started
+                self._writer_store[1] += end - begin
+                if theirs:
+                    self._run(lambda: self._hash_leaves(tensor, whole, theirs))
+                    self._writer_hash[0] += self._clock() - stored
+                    self._writer_hash[1] += sum(leaf.end - leaf.begin for leaf in theirs)
+            finally:
+                self._writer_busy += self._clock() - started
 
-            stored = self._last_store = self._queued_hash[name] = self._write_pool.submit(self._run, store_then_hash)
-            self.hashed_while_writing += 1
-            return stored
-        stored = self._last_store = self._write_pool.submit(self._run, store)
-        self._run(hash_piece)  # here, while the write thread stores the same bytes
+        stored = self._last_store = self._write_pool.submit(on_write_thread)
+        self._in_flight.append((stored, self._estimate(end - begin, theirs)))
+        self.hashed_while_writing += len(theirs)
+        hashing = self._clock()
+        self._run(lambda: self._hash_here(tensor, whole, mine, unfinished))
+        self._caller_hash[0] += self._clock() - hashing
+        self._caller_hash[1] += sum(leaf.end - leaf.begin for leaf in mine) + (
+            0 if unfinished is None else unfinished.end - unfinished.begin
+        )
         if self._error is not None:
             raise self._error
         return stored
+
+    def _leaves_of(self, tensor: _TensorLeaves, begin: int, end: int) -> tuple[list[_Leaf], _Leaf | None]:
+        """The leaves bytes [begin, end) complete, and the part of a leaf they leave unfinished (if any)."""
+        completed: list[_Leaf] = []
+        unfinished: _Leaf | None = None
+        chunk_bytes = self._chunk_bytes
+        position = tensor.fed
+        at = begin
+        while at < end:
+            index = position // chunk_bytes
+            leaf_end = min((index + 1) * chunk_bytes, tensor.total)
+            step = min(end - at, leaf_end - position)
+            started, tensor.partial = tensor.partial, None
+            leaf = _Leaf(index, started, at, at + step)
+            if position + step == leaf_end:
+                completed.append(leaf)
+            else:
+                unfinished = leaf
+            position += step
+            at += step
+        tensor.fed = position
+        return completed, unfinished
+
+    def _share(self, completed: list[_Leaf], nbytes: int, caller_busy: float) -> tuple[list[_Leaf], list[_Leaf]]:
+        """Split a piece's completed leaves: each, largest first, to the thread whose CPU so far, plus what it
+        has been handed and not finished, plus this piece's share, is the smaller."""
+        while self._in_flight and self._in_flight[0][0].done():
+            self._in_flight.popleft()
+        hash_rate = _rate(self._writer_hash, self._caller_hash, _HASH_SECONDS_PER_BYTE)
+        writer_load = self._writer_busy + sum(estimate for _, estimate in self._in_flight)
+        writer_load += nbytes * _rate(self._writer_store, None, _STORE_SECONDS_PER_BYTE)
+        caller_load = caller_busy
+        mine: list[_Leaf] = []
+        theirs: list[_Leaf] = []
+        for leaf in sorted(completed, key=lambda leaf: leaf.end - leaf.begin, reverse=True):
+            cost = (leaf.end - leaf.begin) * hash_rate
+            if writer_load <= caller_load:
+                theirs.append(leaf)
+                writer_load += cost
+            else:
+                mine.append(leaf)
+                caller_load += cost
+        return mine, theirs
+
+    def _estimate(self, nbytes: int, theirs: list[_Leaf]) -> float:
+        """The write thread's expected CPU for a piece: its store and the leaves it hashes."""
+        hashed = sum(leaf.end - leaf.begin for leaf in theirs)
+        return nbytes * _rate(self._writer_store, None, _STORE_SECONDS_PER_BYTE) + hashed * _rate(
+            self._writer_hash, self._caller_hash, _HASH_SECONDS_PER_BYTE
+        )
+
+    def _hash_here(self, tensor: _TensorLeaves, whole: memoryview, mine: list[_Leaf], unfinished: _Leaf | None) -> None:
+        self._hash_leaves(tensor, whole, mine)
+        if unfinished is not None:  # continued by the next piece, which only this thread feeds
+            fault_point("writer.hash")
+            hasher = unfinished.started if unfinished.started is not None else leaf_hasher(self._algorithm)
+            with whole[unfinished.begin : unfinished.end] as piece:
+                hasher.update(piece)
+            tensor.partial = hasher
+
+    def _hash_leaves(self, tensor: _TensorLeaves, whole: memoryview, leaves: list[_Leaf]) -> None:
+        for leaf in leaves:
+            fault_point("writer.hash")
+            with whole[leaf.begin : leaf.end] as piece:
+                if leaf.started is None:
+                    tensor.digests[leaf.index] = chunk_digest(piece, self._algorithm)
+                else:
+                    leaf.started.update(piece)
+                    tensor.digests[leaf.index] = leaf.started.digest()
 
     def _run(self, step: Callable[[], None]) -> None:
         if self._error is not None:
@@ -140,34 +259,49 @@ class InOrderHashLane:
                 if self._error is None:
                     self._error = exc
 
-    def _hash_piece(self, hasher: TreeHasher, whole: memoryview, begin: int, end: int) -> None:
-        fault_point("writer.hash")
-        with whole[begin:end] as piece:
-            hasher.update(piece)
-
     def holds(self, name: str) -> bool:
         """Whether tensor `name` is hashed by this lane (it was fed)."""
-        return name in self._hashers
+        return name in self._tensors
 
     def digest(self, name: str) -> str:
-        """The tree digest of everything fed for `name`; waits for the lane (its first failure raises)."""
+        """The tree digest of tensor `name`; waits for the lane (its first failure raises). Every byte of the
+        tensor must have been fed."""
         self.wait()
-        return self._hashers[name].hexdigest()
+        tensor = self._tensors[name]
+        if tensor.fed != tensor.total:
+            raise ValueError(f"{name}: only {tensor.fed} of its {tensor.total} bytes were fed")
+        if tensor.total == 0:
+            return combine_chunk_digests(0, [chunk_digest(memoryview(b""), self._algorithm)], self._algorithm)
+        leaves = [leaf for leaf in tensor.digests if leaf is not None]
+        assert len(leaves) == len(tensor.digests), f"{name}: a leaf was never hashed"
+        return combine_chunk_digests(tensor.total, leaves, self._algorithm)
 
     def wait(self) -> None:
         """Wait until every piece fed so far is written and hashed; raises the first failure of any of them."""
-        pending = [future for future in (self._last_hash, self._last_store) if future is not None]
-        if pending:
-            futures_wait(pending)
+        if self._last_store is not None:
+            futures_wait([self._last_store])
         if self._error is not None:
             raise self._error
 
     def drain(self) -> None:
-        """Stop both threads once every queued piece has run (so none reads a closed mapping); never raises."""
-        for pool in (self._hash_pool, self._write_pool):
-            if pool is not None:
-                pool.shutdown(wait=True)
-        self._hash_pool = self._write_pool = None
+        """Stop the write thread once every queued piece has run (so none reads a closed mapping); never raises."""
+        if self._write_pool is not None:
+            self._write_pool.shutdown(wait=True)
+        self._write_pool = None
+
+
+_HASH_SECONDS_PER_BYTE = 0.4e-9
+"""A first guess of a leaf hash's CPU per byte, until this lane has measured its own."""
+_STORE_SECONDS_PER_BYTE = 0.8e-9
+"""A first guess of a `pwrite`'s CPU per byte into tmpfs, until this lane has measured its own."""
+
+
+def _rate(first: list[float], second: list[float] | None, guess: float) -> float:
+    """Seconds per byte measured by one or two threads' [seconds, bytes] counters, or the guess before any."""
+    seconds, nbytes = first[0], first[1]
+    if second is not None:
+        seconds, nbytes = seconds + second[0], nbytes + second[1]
+    return seconds / nbytes if nbytes else guess
 
 
 class PayloadHasher:

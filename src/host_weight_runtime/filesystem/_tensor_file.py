@@ -356,7 +356,7 @@ class StagingTensorFileWriter:
                 cast = self._cast
                 if cast is None:
                     cast = self._cast = CastBuffers()
-                index, target = cast.take(end - begin)
+                slot, target = cast.take(end - begin)
                 target.view(placement.spec.dtype).view(rows.shape).copy_(rows)
                 data = target.numpy().data
             except BaseException:
@@ -370,7 +370,12 @@ class StagingTensorFileWriter:
                 self._pwrite(data, header + begin, name, start, stop)
 
             try:
-                cast.hashed_by(index, self._hasher.lane.feed(name, data, 0, len(data), store))
+                cast.hashed_by(
+                    slot,
+                    self._hasher.lane.feed(
+                        name, data, 0, len(data), store, tensor_nbytes=placement.end - placement.begin
+                    ),
+                )
             except OSError as exc:  # an earlier piece of this file failed to hash
                 raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
 
