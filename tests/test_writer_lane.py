@@ -194,9 +194,7 @@ class _CopyingProducer(SyntheticProducer):
         self.calls += 1
         names = sorted(self.tensors)
         specs = tuple(
-            TensorWriteSpec(
-                name=name, shape=tuple(self.tensors[name].shape), dtype=self.tensors[name].dtype
-            )
+            TensorWriteSpec(name=name, shape=tuple(self.tensors[name].shape), dtype=self.tensors[name].dtype)
             for name in names
         )
         file_writer = writer.open_tensor_file("model-00001-of-00001.safetensors", specs, ordered=True)

@@ -253,4 +253,3 @@ class ArtifactBuilder:
         finally:
             lock.release()
         return None
-

@@ -4,9 +4,9 @@ with it."""
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:

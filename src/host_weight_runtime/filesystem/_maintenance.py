@@ -311,7 +311,6 @@ class DomainMaintenance:
             artifacts=tuple(entries),
         )
 
-
     def usage(self) -> DomainUsage:
         """A cheap summary: counts from one directory listing and one read of the kernel's lock table."""
         lock_table = LockTable.read()

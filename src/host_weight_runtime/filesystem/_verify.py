@@ -389,6 +389,4 @@ class BackgroundVerification:
 
 
 def _mismatch(code: FailureCode, message: str, name: str) -> InvalidArtifactError:
-    return InvalidArtifactError(
-        failure(ResolutionStage.LOOKUP, code, f"background verification: {message}", file=name)
-    )
+    return InvalidArtifactError(failure(ResolutionStage.LOOKUP, code, f"background verification: {message}", file=name))
