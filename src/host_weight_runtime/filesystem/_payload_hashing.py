@@ -91,7 +91,6 @@ class InOrderHashLane:
 
     __slots__ = (
         "_algorithm",
-        "_caller_hash",
         "_caller_started",
         "_chunk_bytes",
         "_clock",
@@ -99,6 +98,7 @@ class InOrderHashLane:
         "_in_flight",
         "_last_store",
         "_lock",
+        "_queued",
         "_tensors",
         "_write_pool",
         "_writer_busy",
@@ -117,12 +117,12 @@ class InOrderHashLane:
         self._write_pool: ThreadPoolExecutor | None = None
         self._last_store: Future[None] | None = None  # the write thread runs in order: its latest piece is done last
         self._caller_started: float | None = None  # the caller's CPU clock at the first piece
-        # CPU seconds and bytes, each pair written by one thread only: [seconds, bytes]
+        # the write thread's CPU seconds and bytes (only it writes them): [seconds, bytes]
         self._writer_store = [0.0, 0]
         self._writer_hash = [0.0, 0]
-        self._caller_hash = [0.0, 0]
         self._writer_busy = 0.0  # CPU seconds of the write thread's finished pieces
         self._in_flight: collections.deque[tuple[Future[None], float]] = collections.deque()  # (piece, estimate)
+        self._queued = 0.0  # the estimates in _in_flight, summed
         self._lock = threading.Lock()
         self._error: BaseException | None = None  # the first failed piece; later pieces are skipped
         self.hashed_while_writing = 0
@@ -145,37 +145,39 @@ class InOrderHashLane:
                 f"{name}: {end - begin} more bytes after {tensor.fed} do not fit a tensor of {tensor.total} bytes "
                 f"(fed as {tensor_nbytes})"
             )
+        nbytes = end - begin
         completed, unfinished = self._leaves_of(tensor, begin, end)
         now = self._clock()
         if self._caller_started is None:
             self._caller_started = now
-        mine, theirs = self._share(completed, end - begin, now - self._caller_started)
+        store_rate = _rate(self._writer_store, _STORE_SECONDS_PER_BYTE)
+        hash_rate = _rate(self._writer_hash, _HASH_SECONDS_PER_BYTE)
+        mine, theirs = self._share(completed, nbytes * store_rate, hash_rate, now - self._caller_started)
+        hashed_there = sum(leaf.end - leaf.begin for leaf in theirs)
         if self._write_pool is None:
             self._write_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwr-write-lane")
 
         def on_write_thread() -> None:
             started = self._clock()
-            try:
-                self._run(store)
-                stored = self._clock()
-                self._writer_store[0] += stored - started
-                self._writer_store[1] += end - begin
-                if theirs:
-                    self._run(lambda: self._hash_leaves(tensor, whole, theirs))
-                    self._writer_hash[0] += self._clock() - stored
-                    self._writer_hash[1] += sum(leaf.end - leaf.begin for leaf in theirs)
-            finally:
-                self._writer_busy += self._clock() - started
+            self._run(store)
+            stored = self._clock()
+            self._writer_store[0] += stored - started
+            self._writer_store[1] += nbytes
+            finished = stored
+            if theirs:
+                self._run(lambda: self._hash_leaves(tensor, whole, theirs))
+                finished = self._clock()
+                self._writer_hash[0] += finished - stored
+                self._writer_hash[1] += hashed_there
+            self._writer_busy += finished - started
 
         stored = self._last_store = self._write_pool.submit(on_write_thread)
-        self._in_flight.append((stored, self._estimate(end - begin, theirs)))
+        estimate = nbytes * store_rate + hashed_there * hash_rate
+        self._in_flight.append((stored, estimate))
+        self._queued += estimate
         self.hashed_while_writing += len(theirs)
-        hashing = self._clock()
-        self._run(lambda: self._hash_here(tensor, whole, mine, unfinished))
-        self._caller_hash[0] += self._clock() - hashing
-        self._caller_hash[1] += sum(leaf.end - leaf.begin for leaf in mine) + (
-            0 if unfinished is None else unfinished.end - unfinished.begin
-        )
+        if mine or unfinished is not None:
+            self._run(lambda: self._hash_here(tensor, whole, mine, unfinished))
         if self._error is not None:
             raise self._error
         return stored
@@ -202,14 +204,19 @@ class InOrderHashLane:
         tensor.fed = position
         return completed, unfinished
 
-    def _share(self, completed: list[_Leaf], nbytes: int, caller_busy: float) -> tuple[list[_Leaf], list[_Leaf]]:
+    def _share(
+        self, completed: list[_Leaf], store_cost: float, hash_rate: float, caller_busy: float
+    ) -> tuple[list[_Leaf], list[_Leaf]]:
         """Split a piece's completed leaves: each, largest first, to the thread whose CPU so far, plus what it
         has been handed and not finished, plus this piece's share, is the smaller."""
-        while self._in_flight and self._in_flight[0][0].done():
-            self._in_flight.popleft()
-        hash_rate = _rate(self._writer_hash, self._caller_hash, _HASH_SECONDS_PER_BYTE)
-        writer_load = self._writer_busy + sum(estimate for _, estimate in self._in_flight)
-        writer_load += nbytes * _rate(self._writer_store, None, _STORE_SECONDS_PER_BYTE)
+        in_flight = self._in_flight
+        while in_flight and in_flight[0][0].done():
+            self._queued -= in_flight.popleft()[1]
+        if not completed:
+            return completed, completed
+        writer_load = self._writer_busy + self._queued + store_cost
+        if len(completed) == 1:
+            return ([], completed) if writer_load <= caller_busy else (completed, [])
         caller_load = caller_busy
         mine: list[_Leaf] = []
         theirs: list[_Leaf] = []
@@ -222,13 +229,6 @@ class InOrderHashLane:
                 mine.append(leaf)
                 caller_load += cost
         return mine, theirs
-
-    def _estimate(self, nbytes: int, theirs: list[_Leaf]) -> float:
-        """The write thread's expected CPU for a piece: its store and the leaves it hashes."""
-        hashed = sum(leaf.end - leaf.begin for leaf in theirs)
-        return nbytes * _rate(self._writer_store, None, _STORE_SECONDS_PER_BYTE) + hashed * _rate(
-            self._writer_hash, self._caller_hash, _HASH_SECONDS_PER_BYTE
-        )
 
     def _hash_here(self, tensor: _TensorLeaves, whole: memoryview, mine: list[_Leaf], unfinished: _Leaf | None) -> None:
         self._hash_leaves(tensor, whole, mine)
@@ -296,11 +296,9 @@ _STORE_SECONDS_PER_BYTE = 0.8e-9
 """A first guess of a `pwrite`'s CPU per byte into tmpfs, until this lane has measured its own."""
 
 
-def _rate(first: list[float], second: list[float] | None, guess: float) -> float:
-    """Seconds per byte measured by one or two threads' [seconds, bytes] counters, or the guess before any."""
-    seconds, nbytes = first[0], first[1]
-    if second is not None:
-        seconds, nbytes = seconds + second[0], nbytes + second[1]
+def _rate(measured: list[float], guess: float) -> float:
+    """Seconds per byte from the write thread's [seconds, bytes] counters, or the guess before any."""
+    seconds, nbytes = measured
     return seconds / nbytes if nbytes else guess
 
 

@@ -21,6 +21,10 @@ from ..tensor_layout import FinalLayoutTensor
 from ._checkpoint import CheckpointFormatError, CheckpointTensor, mapped_rows, read_column_ranges, read_rows, row_chunks
 from ._shards import DEFAULT_SHARD_BYTES, ProgressCallback, SingleArtifactProducer, producer_error, write_all
 
+_READ_BELOW_BYTES = 256 * 2**10
+"""A tensor this small (a bias, a norm) is read with one `pread`: mapping, populating and unmapping it would
+cost three system calls and a mapping's setup and teardown for a few pages."""
+
 DEFAULT_CHUNK_BYTES = 32 * 2**20
 """Source bytes cast per step: small enough that the cast rows are still in cache when they are hashed."""
 
@@ -149,8 +153,9 @@ def _local_row_chunks(
     fd: int, entry: CheckpointTensor, shard: TensorShard | None, chunk_bytes: int
 ) -> Iterator[tuple[int, torch.Tensor]]:
     if shard is None:
+        small = entry.end - entry.begin <= _READ_BELOW_BYTES
         for start, stop in row_chunks(entry, chunk_bytes):
-            yield start, mapped_rows(fd, entry, start, stop)
+            yield start, (read_rows if small else mapped_rows)(fd, entry, start, stop)
         return
     per_chunk = max(1, chunk_bytes // max(entry.row_bytes, 1))
     if shard.dim == 0:
