@@ -2,8 +2,8 @@
 
 A file is accepted at close only when every byte of every declared tensor was written exactly once.
 Rows arrive by `pwrite` (`write_tensor`, `write_rows`), or are converted by the writer itself
-(`copy_rows`: one pass, each chunk converted into a reused buffer, written from it on one lane thread and
-hashed from it on another at the same time, never read back from the file), or are copied by the kernel
+(`copy_rows`: one pass, each chunk converted into a slot of a reused ring, written from it on the lane's
+write thread and its leaves hashed from it on that thread or the converting one, never read back from the file), or are copied by the kernel
 from another file (`copy_data`, for a caller that hashes the stored pages itself).
 """
 
@@ -226,7 +226,7 @@ class StagingTensorFileWriter:
     def copy_rows(self, name: str, start_row: int, rows: torch.Tensor) -> None:
         """Convert `rows` (any dtype, `Tensor.copy_` rounding) straight into rows `start_row`.. of `name`.
 
-        Ordered files only: the rows are converted into one of the reused buffers, which the lane
+        Ordered files only: the rows are converted into a slot of the reused ring, which the lane
         writes and hashes (on two threads) while the next chunk converts; nothing is read back. A write failure
         raises, typed, from a later call or from `close`.
         Every row of a tensor comes either from `copy_rows` or from `write_rows`, not both.
