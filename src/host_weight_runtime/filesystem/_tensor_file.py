@@ -3,8 +3,9 @@
 A file is accepted at close only when every byte of every declared tensor was written exactly once.
 Rows arrive by `pwrite` (`write_tensor`, `write_rows`), or are converted by the writer itself
 (`copy_rows`: one pass, each chunk converted into a slot of a reused ring, written from it on the lane's
-write thread and its leaves hashed from it on that thread or the converting one, never read back from the file), or are copied by the kernel
-from another file (`copy_data`, for a caller that hashes the stored pages itself).
+write thread and its leaves hashed from it on that thread or the converting one, never read back from the
+file), or are copied by the kernel from another file (`copy_data`, for a caller that hashes the stored
+pages itself).
 """
 
 from __future__ import annotations
