@@ -13,7 +13,7 @@ from ..canonical_json import JsonValue
 from ..failures import FailureCode, HostWeightError, ResolutionStage, raise_failure
 from ..filesystem import failure_from_os_error
 
-_READ_CHUNK_BYTES = 8 * 1024 * 1024
+_READ_CHUNK_BYTES = 512 * 1024  # read into a buffer that stays in the core's cache while it is hashed
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,15 +3,19 @@
 A folder seen for the first time on a node must have its weight files hashed (SHA-256, the
 content id in the key) before anything can be looked up. `SourcePrehash` starts that hashing
 on threads as soon as the files are known, largest first, so the skeleton build and, in
-PREFERRED mode, the canonical load run meanwhile. The hashes land in the node digest cache
-(`_digest_cache.py`); `identify_component` then reads them from there, so the key is computed
-exactly as without the overlap (a file that changed in between is caught there, by its state).
+PREFERRED mode where a core is free (`cores_free_beside_load`), the canonical load run meanwhile.
+The hashes land in the node digest cache (`_digest_cache.py`); `identify_component` then reads
+them from there, so the key is computed exactly as without the overlap (a file that changed in
+between is caught there, by its state).
 """
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+
+import torch
 
 from .._digest import default_hash_threads
 from ._digest_cache import NodeSourceDigestCache
@@ -19,7 +23,7 @@ from ._file_state import stat_source
 from ._source_snapshot import is_content_id_known
 from ._weight_source import PreparedWeightSource
 
-__all__ = ["SourcePrehash"]
+__all__ = ["SourcePrehash", "cores_free_beside_load"]
 
 
 class SourcePrehash:
@@ -27,7 +31,11 @@ class SourcePrehash:
 
     __slots__ = ("_futures", "_pool", "files")
 
-    def __init__(self, source: PreparedWeightSource, cache: NodeSourceDigestCache) -> None:
+    def __init__(
+        self, source: PreparedWeightSource, cache: NodeSourceDigestCache, *, threads: int | None = None
+    ) -> None:
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be at least 1 (got {threads}); pass None for one per core")
         self.files = sorted(
             (path for path in source.weight_files if not is_content_id_known(path, cache)),
             key=lambda path: -_size_or_zero(path),  # largest first: the last thread to finish starts soonest
@@ -37,7 +45,7 @@ class SourcePrehash:
         if not self.files:
             return
         self._pool = ThreadPoolExecutor(
-            max_workers=min(len(self.files), default_hash_threads()), thread_name_prefix="hwr-source-prehash"
+            max_workers=min(len(self.files), threads or default_hash_threads()), thread_name_prefix="hwr-source-prehash"
         )
         self._futures = [self._pool.submit(_hash_into_cache, cache, path) for path in self.files]
 
@@ -57,6 +65,16 @@ class SourcePrehash:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def cores_free_beside_load() -> int:
+    """The cores this process may run on that torch's intra-op threads leave free during a canonical load.
+
+    torch waits for its slowest thread at the end of every parallel cast and copy, so a hash thread on
+    a core the pool uses slows the load by more than it gains: on 2 cores a 250 ms load took 600-700 ms
+    beside one SHA-256 thread, and hashing first, then loading, was sooner.
+    """
+    return max(0, len(os.sched_getaffinity(0)) - torch.get_num_threads())
 
 
 def _hash_into_cache(cache: NodeSourceDigestCache, path: Path) -> str:

@@ -30,7 +30,7 @@ from ..failures import (
 from ..outcomes import AttemptAction, AttemptResult, ResolutionAttempt, ResolutionOutcome, ResolutionReport
 from ..runtime import HostWeightRuntime
 from ._load_options import LoadOptions, check_dtype, check_load_arguments, check_parallel, check_variant
-from ._source_prehash import SourcePrehash
+from ._source_prehash import SourcePrehash, cores_free_beside_load
 from .background import BackgroundPublication
 from .canonical_step import load_canonical_at, load_canonical_for
 from .component_source import ComponentLocation, needs_hashing, node_digest_cache
@@ -215,14 +215,18 @@ def _load_through_runtime(
     """Skeleton and identity, then resolve; an identity that cannot be built falls back (PREFERRED) or raises.
 
     Files this node never hashed are hashed on threads from the moment they are known, while the
-    skeleton is built and, in PREFERRED mode without a remote, while the canonical load runs: no
-    artifact can be published under their key before some process hashed them too, so the load
-    that would follow a miss starts at once, and the lookup after the hashing still uses a hit.
+    skeleton is built and, in PREFERRED mode without a remote where torch leaves a core free, while
+    the canonical load runs on the free cores: no artifact can be published under their key before
+    some process hashed them too, so the load that would follow a miss starts at once, and the
+    lookup after the hashing still uses a hit. With no core free the files hash on every core first.
     """
     identify_started = time.monotonic()
     source = _checkpoint_or_named_source(call)
     hash_behind = background and source.use_safetensors and _first_on_node(source, call.runtime)
-    prehash = None if hash_behind or source.recorded is not None else _start_prehash(source, call.runtime)
+    free_cores = cores_free_beside_load() if call.mode is RuntimeMode.PREFERRED and not stream else 0
+    prehash = None
+    if not hash_behind and source.recorded is None:
+        prehash = _start_prehash(source, call.runtime, threads=free_cores or None)
     try:
         skeleton = prepare_skeleton(
             call.location, call.options, parallel, family=call.family, clock=call.stopwatch.clock, source=source
@@ -236,7 +240,7 @@ def _load_through_runtime(
     if hash_behind:
         return _canonical_then_hash_in_background(call, skeleton)
     early = None
-    if prehash is not None and prehash.files and call.mode is RuntimeMode.PREFERRED and not stream:
+    if prehash is not None and prehash.files and free_cores:
         early = load_canonical_for(skeleton, fp8=call.fp8)  # the key cannot exist here before it is hashed
     try:
         if prehash is not None:
@@ -248,12 +252,14 @@ def _load_through_runtime(
     return _serve(call, identified, stream=stream, background=background, early=early)
 
 
-def _start_prehash(source: PreparedWeightSource, runtime: HostWeightRuntime) -> SourcePrehash | None:
+def _start_prehash(
+    source: PreparedWeightSource, runtime: HostWeightRuntime, *, threads: int | None
+) -> SourcePrehash | None:
     """Hash the files this node never hashed, on threads, into its digest cache; None where nothing can be cached."""
     cache = node_digest_cache(runtime)
     if cache is None or runtime.remote_providers:
         return None  # with a remote, the key decides whether to import instead of loading: nothing to overlap
-    return SourcePrehash(source, cache)
+    return SourcePrehash(source, cache, threads=threads)
 
 
 def _identity_fallback(
