@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .._digest import default_hash_threads
 from ..config import RuntimeMode
 from ..failures import (
     FailureCode,
@@ -226,7 +227,7 @@ def _load_through_runtime(
     free_cores = cores_free_beside_load() if call.mode is RuntimeMode.PREFERRED and not stream else 0
     prehash = None
     if not hash_behind and source.recorded is None:
-        prehash = _start_prehash(source, call.runtime, threads=free_cores or None)
+        prehash = _start_prehash(source, call.runtime, threads=min(free_cores, default_hash_threads()) or None)
     try:
         skeleton = prepare_skeleton(
             call.location, call.options, parallel, family=call.family, clock=call.stopwatch.clock, source=source
