@@ -71,8 +71,8 @@ def cores_free_beside_load() -> int:
     """The cores this process may run on that torch's intra-op threads leave free during a canonical load.
 
     torch waits for its slowest thread at the end of every parallel cast and copy, so a hash thread on
-    a core the pool uses slows the load by more than it gains: on 2 cores a 250 ms load took 600-700 ms
-    beside one SHA-256 thread, and hashing first, then loading, was sooner.
+    a core the pool uses slows the load by more than it gains: on 2 cores a 205-277 ms load took up to
+    680 ms beside one SHA-256 thread, and hashing first, then loading, was sooner.
     """
     return max(0, len(os.sched_getaffinity(0)) - torch.get_num_threads())
 
