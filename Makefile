@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint demo bench bench-quick fuzz soak clean
+.PHONY: setup test lint docs demo bench bench-quick fuzz soak clean
 
 setup: $(STAMP)
 
@@ -12,7 +12,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[test,lint,diffusion,bench,remote,serve]"
+	$(BIN)/python -m pip install --quiet -e ".[test,lint,diffusion,bench,remote,serve,docs]"
 	touch $(STAMP)
 
 # Two workers, one test file at a time each: many tests wait on child processes, so 2 cores stay busy.
@@ -23,6 +23,10 @@ test: setup
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy --strict src
+
+# The documentation site (mkdocs.yml) into site/; --strict makes a broken link or a missing reference an error.
+docs: setup
+	$(BIN)/mkdocs build --strict --site-dir site
 
 demo: setup
 	$(BIN)/hwr demo
@@ -51,4 +55,4 @@ soak: setup
 	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_WORKERS=$(SOAK_WORKERS) $(BIN)/python -m host_weight_runtime.tools.soak
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

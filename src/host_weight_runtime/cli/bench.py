@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.text import Text
 
@@ -16,7 +17,7 @@ __all__ = ["register", "run"]
 
 
 def register(commands: Subcommands) -> None:
-    """Add `hwr bench [--quick] [--size GIB] [--runs N] ... [--out DIR] [--json]`."""
+    """Add `hwr bench [--quick] [--size GIB] [--runs N] ... [--out DIR] [--plots DIR [--from-json FILE]] [--json]`."""
     sub = add_command(
         commands,
         "bench",
@@ -76,11 +77,28 @@ def register(commands: Subcommands) -> None:
     sub.add_argument(
         "--serve-mib", type=positive_int, default=128, metavar="MIB", help="FP32 transformer MiB for --serve"
     )
+    sub.add_argument(
+        "--plots",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also draw SVG charts of the results into DIR (time to ready per row, memory per worker count)",
+    )
+    sub.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --plots: draw the charts of an existing results JSON instead of running the benchmark",
+    )
     add_json_option(sub)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark with the options given, write both result files, print the Markdown (or the JSON)."""
+    _check_plot_options(args)
+    if args.from_json is not None:
+        return _plots_from_json(args)
     if args.serve:
         return _run_serve(args)
     # The application layer may use the adapters; the core never does (C08).
@@ -123,7 +141,48 @@ def run(args: argparse.Namespace) -> int:
 
         stdout_console().print(Markdown(text))
         console.print(Text(f"wrote {json_path} and {markdown_path}"))
+    _draw(report.data, args.plots)
     return EXIT_OK
+
+
+def _check_plot_options(args: argparse.Namespace) -> None:
+    """`--from-json` needs `--plots`; both name existing paths (checked before anything runs)."""
+    if args.from_json is not None and args.plots is None:
+        raise UsageError("--from-json FILE only draws charts: add --plots DIR")
+    if args.plots is not None and not args.plots.is_dir():
+        raise UsageError(f"--plots {args.plots} is not a directory")
+    if args.from_json is not None and not args.from_json.is_file():
+        raise UsageError(f"--from-json {args.from_json} is not a file")
+
+
+def _plots_from_json(args: argparse.Namespace) -> int:
+    """`hwr bench --plots DIR --from-json FILE`: redraw the charts of a result without running anything."""
+    try:
+        data = json.loads(args.from_json.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"--from-json {args.from_json} is not a readable JSON file ({error})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--from-json {args.from_json} holds no results object")
+    written = _draw(data, args.plots)
+    if args.json:
+        print_json({"plots": [str(path) for path in written]})
+    return EXIT_OK
+
+
+def _draw(data: dict[str, Any], out_dir: Path | None) -> tuple[Path, ...]:
+    """Draw the charts of `data` into `out_dir` when one was asked for; say which files were written."""
+    if out_dir is None:
+        return ()
+    from ..tools.bench.plots import ChartError, draw_charts
+
+    try:
+        written = draw_charts(data, out_dir)
+    except ModuleNotFoundError as error:
+        raise UsageError(f"--plots needs matplotlib ({error}): pip install 'host-weight-runtime[bench]'") from None
+    except ChartError as error:
+        raise UsageError(f"cannot draw the charts: {error}") from None
+    stderr_console().print(Text("wrote " + ", ".join(str(path) for path in written)))
+    return written
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -147,6 +206,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         from rich.markdown import Markdown
 
         stdout_console().print(Markdown(text))
+    _draw(data, args.plots)
     return EXIT_OK
 
 
