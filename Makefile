@@ -26,7 +26,7 @@ lint: setup
 
 # The documentation site (mkdocs.yml) into site/; --strict makes a broken link or a missing reference an error.
 docs: setup
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 demo: setup
 	$(BIN)/hwr demo
