@@ -160,3 +160,28 @@ def test_plot_options_are_checked_before_anything_runs(tmp_path: Path, arguments
     )
     assert completed.returncode == 2, completed.stderr
     assert message in completed.stderr
+
+
+RESULTS = sorted(
+    path
+    for path in (Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob("*.json")
+    if isinstance(json.loads(path.read_text(encoding="utf-8")).get("rows"), dict)
+)
+
+
+@pytest.mark.parametrize("results", RESULTS, ids=[path.name for path in RESULTS])
+def test_plots_of_every_committed_result(tmp_path: Path, results: Path) -> None:
+    """Every full results JSON in benchmarks/results draws: one bar per row measured hot, and one memory line
+    per row measured as a concurrent group, so the charts follow the shape `hwr bench` really writes."""
+    from host_weight_runtime.tools.bench.plots import draw_charts
+
+    data = json.loads(results.read_text(encoding="utf-8"))
+    written = draw_charts(data, tmp_path)
+    assert written[0].name == TIME_TO_READY_HOT and written[-1].name == MEMORY
+    rows = data["rows"]
+    hot = [i for i in _ids(written[0]) if i.startswith("ttr-hot-")]
+    assert sorted(hot) == sorted(series_id("ttr-hot", name) for name, entry in rows.items() if entry.get("hot"))
+    memory = [i for i in _ids(written[-1]) if i.startswith("memory-")]
+    assert sorted(memory) == sorted(
+        series_id("memory", name) for name, entry in rows.items() if "memory_group" in entry
+    )
