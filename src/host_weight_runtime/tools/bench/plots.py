@@ -132,6 +132,16 @@ def _time_to_ready_chart(rows: Mapping[str, Any], cache: str, path: Path) -> Pat
             axes.text((median + high) * 1.1, bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=7)
         if "canonical" in by_name:
             axes.axvline(by_name["canonical"], color=_CANONICAL_COLOUR, linestyle=":", linewidth=1)
+        from matplotlib.patches import Patch
+
+        kinds = (
+            (_CANONICAL_COLOUR, "canonical from_pretrained"),
+            (_WARM_COLOUR, "hwr warm: a later worker"),
+            (_COLD_COLOUR, "hwr cold: the first worker, or an import"),
+            (_PEER_COLOUR, "bare mmap views and other loaders"),
+        )
+        handles = [Patch(color=colour, label=label) for colour, label in kinds]
+        axes.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         axes.set_yticks(positions, names)
         axes.set_xscale("log")
         axes.set_xlim(min(medians) / 2, max(m + h for m, h in zip(medians, highs, strict=True)) * 12)
