@@ -20,7 +20,6 @@ from .support import recv_within
 from .test_eviction import child
 from .test_metrics import L, hwr_samples, scrape
 
-
 RUNTIMES = 200
 
 

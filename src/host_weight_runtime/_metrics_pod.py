@@ -12,6 +12,7 @@ prometheus_client's documentation asks, so `livesum` gauges count live processes
 from __future__ import annotations
 
 import atexit
+import importlib
 import logging
 import os
 import re
@@ -108,8 +109,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _multiprocess_module() -> Any:
+    """prometheus_client.multiprocess (untyped), imported only once the mode is settled."""
+    return importlib.import_module("prometheus_client.multiprocess")
+
+
 def _drop_dead(directory: Path) -> None:
-    from prometheus_client import multiprocess
+    multiprocess = _multiprocess_module()
 
     try:
         names = os.listdir(directory)
@@ -123,7 +129,7 @@ def _drop_dead(directory: Path) -> None:
 
 def mark_dead_processes(directory: Path) -> None:
     """Drop the live gauges of processes that are gone (a restart, a crash), and ours at a normal exit (once)."""
-    from prometheus_client import multiprocess
+    multiprocess = _multiprocess_module()
 
     if directory in _marked:
         return
@@ -140,11 +146,12 @@ class LiveProcessCollector:
     """
 
     def __init__(self, directory: Path) -> None:
-        from prometheus_client import multiprocess
+        multiprocess = _multiprocess_module()
 
         self._directory = directory
         self._collector = multiprocess.MultiProcessCollector(None, path=str(directory))
 
     def collect(self) -> Iterable[Any]:
         _drop_dead(self._directory)
-        return self._collector.collect()
+        found: Iterable[Any] = self._collector.collect()
+        return found
