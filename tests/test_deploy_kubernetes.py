@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +166,9 @@ def test_workers_serve_on_a_service_with_probes_and_a_scrapable_metrics_port() -
     assert [item["targetPort"] for item in service["ports"]] == ["http"]
     assert seen["HWR_METRICS_ADDR"] == "0.0.0.0" and int(seen["HWR_METRICS_PORT"]) == ports["metrics"]
     annotations = template["metadata"]["annotations"]
-    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == seen["HWR_METRICS_PORT"]
+    assert (
+        annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == seen["HWR_METRICS_PORT"]
+    )
 
 
 def _prewarm_script() -> str:
@@ -242,3 +245,33 @@ def test_a_failed_prewarm_exits_non_zero(tmp_path: Path, hub: tuple[Path, str, s
     done = _run_prewarm(tmp_path, hub, HWR_PREWARM_REVISION=missing, HWR_REMOTE=remote.as_uri(), HWR_REMOTE_PUBLISH="0")
     assert done.returncode != 0 and "a pull failed" in done.stderr
     assert not (tmp_path / "hwr-warm").exists()
+
+
+_FENCE = re.compile(r"^([ \t]*)```ya?ml[ \t]*\n(.*?)^\1```", re.MULTILINE | re.DOTALL)
+
+
+def manifest_blocks(markdown: str) -> list[dict[str, Any]]:
+    """Every Kubernetes object (a document with apiVersion and kind) in the YAML code blocks of `markdown`."""
+    found = []
+    for match in _FENCE.finditer(markdown):
+        for document in yaml.safe_load_all(textwrap.dedent(match.group(2))):
+            if isinstance(document, dict) and "apiVersion" in document and "kind" in document:
+                found.append(document)
+    return found
+
+
+def test_every_manifest_the_docs_show_validates() -> None:
+    """K01: every Kubernetes manifest shown in a YAML block of README.md or docs/**/*.md validates strictly, as the
+    files in deploy/kubernetes/ do; a block with a misspelled field (even indented in a list item) is caught."""
+    pages = [REPOSITORY / "README.md", *sorted((REPOSITORY / "docs").rglob("*.md"))]
+    shown = [(page, block) for page in pages for block in manifest_blocks(page.read_text(encoding="utf-8"))]
+    assert any(page.name == "kubernetes.md" for page, _ in shown)  # the guide shows at least one
+    for page, block in shown:
+        try:
+            kubernetes_validate.validate(block, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{page.relative_to(REPOSITORY)}: {block['kind']} {block.get('metadata', {})}: {exc}")
+    typo = "1. Apply:\n\n   ```yaml\n   apiVersion: v1\n   kind: ConfigMap\n   metadata:\n     name: x\n   datas: {}\n   ```\n"
+    [broken] = manifest_blocks(typo)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
