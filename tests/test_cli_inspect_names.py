@@ -78,3 +78,12 @@ def test_middle_cut_keeps_both_ends() -> None:
     assert middle_cut("text_encoder_2", 9) == "text…er_2"
     assert middle_cut("text_encoder", 9) == "text…oder"
     assert middle_cut("vae", 9) == "vae"
+
+
+def test_an_unknown_option_shows_the_commands_own_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    """`hwr inspect --bogus` exits 2 with inspect's usage (its --wide, --root, --json), not the top-level one."""
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["inspect", "--bogus"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: hwr inspect" in err and "--wide" in err and "unrecognized arguments: --bogus" in err
