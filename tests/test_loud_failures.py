@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from host_weight_runtime import cli
-from host_weight_runtime.diffusion import ComponentHandling, HostWeightUsageError, load_pipeline
+from host_weight_runtime.config import RuntimeMode
+from host_weight_runtime.diffusion import ComponentHandling, HostWeightUsageError, load_component, load_pipeline
 from host_weight_runtime.outcomes import ResolutionOutcome
 from host_weight_runtime.tools.synthetic_pipelines import save_tiny_pipeline
 
@@ -134,3 +135,15 @@ def test_a_pipeline_prewarm_that_builds_nothing_or_misses_its_variant_exits_non_
     assert cli.main(["prewarm", str(empty), "--root", str(root)]) == 2
     assert "would build nothing" in capsys.readouterr().err
     assert artifact_keys(root) == []
+
+
+def test_load_component_warns_when_the_runtime_is_disabled(
+    tmp_path: Path, flux: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """X04: load_component with the runtime DISABLED loads canonically and says so, naming the component and why."""
+    caplog.set_level(logging.WARNING)
+    with load_component(flux, subfolder="vae", runtime=runtime_at(tmp_path / "never", RuntimeMode.DISABLED)) as vae:
+        assert vae.outcome is ResolutionOutcome.CANONICAL_DIRECT
+    [line] = _canonical_warnings(caplog)
+    assert f"{flux} subfolder vae" in line and "DISABLED" in line and "HWR_MODE" in line
+    assert not (tmp_path / "never").exists()
