@@ -236,8 +236,10 @@ def test_the_prewarm_script_builds_every_served_component(tmp_path: Path, hub: t
 
 def test_a_failed_prewarm_exits_non_zero(tmp_path: Path, hub: tuple[Path, str, str]) -> None:
     """K02: a revision the node's cache lacks (the pull by name failing first when a remote is configured) makes the
-    script exit non-zero, so the pod restarts visibly; it never reports the node warm."""
+    script exit non-zero, so the pod restarts visibly; it never reports the node warm (a marker an earlier
+    container left is removed first)."""
     missing = "2" * 40
+    (tmp_path / "hwr-warm").touch()  # left by an earlier container of the pod: /tmp outlives a restart
     done = _run_prewarm(tmp_path, hub, HWR_PREWARM_REVISION=missing)
     assert done.returncode != 0 and missing in done.stderr
     remote = tmp_path / "remote"

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from host_weight_runtime import cli
-from host_weight_runtime.config import RuntimeMode
+from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
 from host_weight_runtime.diffusion import ComponentHandling, HostWeightUsageError, load_component, load_pipeline
 from host_weight_runtime.outcomes import ResolutionOutcome
+from host_weight_runtime.runtime import HostWeightRuntime
 from host_weight_runtime.tools.synthetic_pipelines import save_tiny_pipeline
 
 from ._pipelines import artifact_keys, copy_pipeline, edit_model_index, runtime_at
@@ -147,3 +148,17 @@ def test_load_component_warns_when_the_runtime_is_disabled(
     [line] = _canonical_warnings(caplog)
     assert f"{flux} subfolder vae" in line and "DISABLED" in line and "HWR_MODE" in line
     assert not (tmp_path / "never").exists()
+
+
+def test_a_read_only_worker_says_a_prewarm_must_build_the_artifact(
+    tmp_path: Path, flux: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """X04: a worker configured as the Kubernetes workers are (no local build, no post-load publication) that misses
+    loads canonically and its WARNING says that it will not publish, so a prewarm must build the artifact."""
+    config = HostWeightRuntimeConfig(root=tmp_path / "domain", allow_local_build=False, allow_post_load_publish=False)
+    caplog.set_level(logging.WARNING)
+    with load_component(flux, subfolder="vae", runtime=HostWeightRuntime(config)) as vae:
+        assert vae.outcome is ResolutionOutcome.CANONICAL_FALLBACK
+    [line] = _canonical_warnings(caplog)
+    assert "subfolder vae" in line and "HWR_ALLOW_POST_LOAD_PUBLISH=false" in line and "prewarm" in line
+    assert artifact_keys(tmp_path / "domain") == []

@@ -31,6 +31,8 @@ def _publication(loaded: LoadedComponent) -> str:
         return ""
     if publication.status is PostLoadPublicationStatus.PUBLISHED:
         return "; its artifact is now published for the next worker"
+    if publication.status is PostLoadPublicationStatus.POLICY_DISABLED:
+        return "; this worker does not publish (HWR_ALLOW_POST_LOAD_PUBLISH=false): a prewarm must build it"
     if publication.failure is not None:
         return f"; publishing its artifact failed too: {publication.failure.message}"
     return f"; publication: {publication.status.value}"
