@@ -220,18 +220,49 @@ def _run_prewarm(tmp_path: Path, hub: tuple[Path, str, str], **overrides: str) -
     )
 
 
-def test_the_prewarm_script_builds_every_served_component(tmp_path: Path, hub: tuple[Path, str, str]) -> None:
+def test_the_prewarm_script_builds_every_served_component_and_another_node_pulls_them(
+    tmp_path: Path, hub: tuple[Path, str, str]
+) -> None:
     """K02: without a remote the DaemonSet's script runs `hwr prewarm` of the whole pipeline: it exits 0, marks the
     node warm for the readiness probe, and leaves one artifact per served component, the very components the
-    ConfigMap's HWR_PREWARM_COMPONENTS lists for a pull (Flux: transformer, both text encoders, VAE)."""
-    done = _run_prewarm(tmp_path, hub)
+    ConfigMap's HWR_PREWARM_COMPONENTS lists (Flux: transformer, both text encoders, VAE). Pushed to a remote, they
+    are what the script on a node without the checkpoint pulls by name: every listed component, nothing built."""
+    built = tmp_path / "builder"
+    built.mkdir()
+    done = _run_prewarm(built, hub)
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "hwr-warm").is_file()
-    artifacts = sorted(path.name for path in (tmp_path / "domain" / "artifacts").iterdir())
+    assert (built / "hwr-warm").is_file()
+    artifacts = sorted(path.name for path in (built / "domain" / "artifacts").iterdir())
     listed = _by_kind()["ConfigMap"]["data"]["HWR_PREWARM_COMPONENTS"].split()
     assert len(artifacts) == len(listed) == 4
     for component in listed:
         assert re.search(rf"^\W*{component}\W.*local_production", done.stdout, re.MULTILINE), component
+    remote = (tmp_path / "remote").as_uri()
+    (tmp_path / "remote").mkdir()
+    pushed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "host_weight_runtime.cli",
+            "push",
+            "--all",
+            "--to",
+            remote,
+            "--root",
+            str(built / "domain"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert pushed.returncode == 0, pushed.stderr
+    node = tmp_path / "node"
+    node.mkdir()
+    done = _run_prewarm(node, hub, HWR_REMOTE=remote, HF_HUB_CACHE=str(tmp_path / "no-checkpoint-here"))
+    assert done.returncode == 0, done.stderr
+    assert "a pull failed" not in done.stderr and (node / "hwr-warm").is_file()
+    assert sorted(path.name for path in (node / "domain" / "artifacts").iterdir()) == artifacts
 
 
 def test_a_failed_prewarm_exits_non_zero(tmp_path: Path, hub: tuple[Path, str, str]) -> None:

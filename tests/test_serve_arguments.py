@@ -5,12 +5,11 @@ making every /predict answer 500."""
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-from host_weight_runtime.tools.synthetic_pipelines import save_tiny_pipeline
 
 from ._serve_support import SERVE_EXAMPLE
 
@@ -24,7 +23,11 @@ def serve_app() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def flux(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_pipeline(tmp_path_factory.mktemp("serve-args") / "flux", "flux", seed=5)
+    """A pipeline folder as far as start-up reads it: its model_index.json names FluxPipeline."""
+    folder = tmp_path_factory.mktemp("serve-args") / "flux"
+    folder.mkdir()
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    return folder
 
 
 @pytest.mark.parametrize(
@@ -33,7 +36,7 @@ def flux(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("num_inference_steps=2", "each request's 'steps' field sets it"),
         ("height=512", "each request's 'height' field sets it"),
         ("width=512", "each request's 'width' field sets it"),
-        ("output_type=\"pil\"", "the service sets it"),
+        ('output_type="pil"', "the service sets it"),
         ("max_sequence_length=tokens", "must be JSON"),
         ("num_inference_stepz=2", "takes no argument 'num_inference_stepz'"),
     ],
