@@ -174,7 +174,7 @@ def test_inspect_at_80_columns_is_one_line_per_artifact_grouped_per_model(domain
     keys = [report["identity_key"] for report in domain.prewarmed.values()]
     rows = _rows(result.stdout, keys)
     header = next(line for line in result.stdout.splitlines() if line.startswith("MODEL"))
-    assert header.split() == ["MODEL", "COMPONENT", "REVISION", "DTYPE", "SIZE", "TENSORS", "CREATED", "STATE", "KEY"]
+    assert header.split() == ["MODEL", "COMPONENT", "REVISION", "DTYPE", "SIZE*", "TENSORS", "CREATED", "STATE", "KEY"]
     for report in domain.prewarmed.values():
         line = rows[report["identity_key"]]
         assert size(report["total_bytes"]) in line, line

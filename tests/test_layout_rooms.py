@@ -59,7 +59,7 @@ ROOM_MODULES: dict[str, frozenset[str]] = {
     STORE: frozenset({f"{PACKAGE}.filesystem"}),
     POLICY: frozenset({f"{PACKAGE}.runtime", f"{PACKAGE}._resolution"}),
     REMOTE: frozenset({f"{PACKAGE}.remote"}),
-    OPERATIONS: frozenset({f"{PACKAGE}.metrics"}),
+    OPERATIONS: frozenset({f"{PACKAGE}.metrics", f"{PACKAGE}._metrics_pod"}),
     ADAPTERS: frozenset({f"{PACKAGE}.diffusion"}),
     APPLICATION: frozenset({f"{PACKAGE}.cli", f"{PACKAGE}.tools"}),
     TESTING: frozenset({f"{PACKAGE}.testing"}),

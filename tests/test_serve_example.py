@@ -151,6 +151,8 @@ def _start(tmp: Path, model: Path, root: Path, *, workers: int, extra: list[str]
             )
             service.seen["while_loading"] = _http("POST", service.url + "/predict", REQUESTS[0])
             service.seen["health_while_loading"] = _http("GET", service.url + "/health")[0]
+            service.seen["ready_while_loading"] = _http("GET", service.url + "/ready")[0]
+            service.seen["live_while_loading"] = _http("GET", service.url + "/live")[0]
             service.seen["status_while_loading"] = loading
     except BaseException:
         stop_service(process, timeout_s=90)
@@ -217,12 +219,15 @@ def _served(worker: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_a_request_while_every_worker_is_loading_gets_503(service: Service) -> None:
     """While no worker has its pipeline, /predict answers 503 with Retry-After and a message naming /status;
-    /status already lists every worker (waiting), and LitServe's /health says 503."""
+    /status already lists every worker (waiting), and LitServe's /health says 503. The readiness probe (/ready)
+    says 503 until a worker is ready and 200 after; the liveness probe (/live) says 200 throughout."""
     code, headers, payload = service.seen["while_loading"]
     assert code == 503
     assert int(headers["retry-after"]) >= 1
     assert "/status" in payload["detail"]
     assert service.seen["health_while_loading"] == 503
+    assert service.seen["ready_while_loading"] == 503 and service.seen["live_while_loading"] == 200
+    assert _http("GET", service.url + "/ready")[0] == 200 and _http("GET", service.url + "/live")[0] == 200
     assert {worker["state"] for worker in _workers(service.seen["status_while_loading"])} == {"waiting"}
 
 

@@ -34,11 +34,36 @@ class ServiceConfig:
 
     model: str
     state_dir: Path
+    revision: str | None = None  # a repo id's revision in the local cache (the commit the node was prewarmed with)
     threads: int = 1
     serial_load: bool = True
     load_lock_timeout_s: float = 600.0
     loras: dict[str, str] = field(default_factory=dict)
     call_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to every pipeline call
+
+
+# Pipeline-call arguments every request sets itself (from its fields): a --call-arg may not set them too.
+PER_REQUEST = {
+    "prompt": "prompt",
+    "num_inference_steps": "steps",
+    "height": "height",
+    "width": "width",
+    "guidance_scale": "guidance_scale",
+    "generator": "seed",
+    "output_type": None,
+}
+
+
+def call_kwargs_problem(call_kwargs: dict[str, Any]) -> str | None:
+    """Why these fixed pipeline-call arguments would break every request (None when they would not)."""
+    for name in call_kwargs:
+        if name in PER_REQUEST:
+            field = PER_REQUEST[name]
+            per_request = (
+                f"each request's {field!r} field sets it" if field else "the service sets it (images as tensors)"
+            )
+            return f"--call-arg {name} clashes with a per-request argument: {per_request}; drop --call-arg {name}"
+    return None
 
 
 def _bounded_int(body: dict[str, Any], name: str, default: int) -> int:
@@ -132,7 +157,7 @@ class DiffusionAPI(ls.LitAPI):
     def _load(self) -> None:
         self.status.update(state="loading")
         self._publish()
-        served = load_served_pipeline(self.config.model)
+        served = load_served_pipeline(self.config.model, self.config.revision)
         for name, path in sorted(self.config.loras.items()):
             served.pipeline.load_lora_weights(path, adapter_name=name)
         if self.config.loras:

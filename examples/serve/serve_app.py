@@ -8,7 +8,13 @@ the domain is HWR_ROOT and the mode HWR_MODE, as for any runtime). Endpoints:
 - POST /predict   {"prompt": ..., "seed": ...} -> the image tensor's exact bytes (see serve_api.py);
                   503 with Retry-After while no worker has finished loading.
 - GET  /status    each worker's state, pid, time to ready and, per component, where its weights came from.
+- GET  /ready     readiness: 200 once a worker is ready (it can serve /predict), 503 until then.
+- GET  /live      liveness: 200 while the HTTP side answers, even while every worker still loads.
 - GET  /health    LitServe's: 200 once every worker is ready.
+
+Start-up checks the arguments: a `--call-arg` that is not JSON, that sets what each request sets
+(num_inference_steps, height, width, guidance_scale, generator, prompt, output_type), or that the
+pipeline's `__call__` does not take (for a pipeline folder) stops the service with one line.
 
 Workers load one at a time (a file lock in the state directory): the first maps the node's artifact,
 or loads canonically and publishes it, and every later worker, a restarted one too, maps it.
@@ -33,7 +39,7 @@ from fastapi.responses import JSONResponse
 from litserve.utils import WorkerSetupStatus
 
 import serve_status
-from serve_api import DiffusionAPI, ServiceConfig
+from serve_api import DiffusionAPI, ServiceConfig, call_kwargs_problem
 
 RETRY_AFTER_S = 1
 
@@ -63,6 +69,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=env("HWR_SERVE_MODEL"), help="pipeline folder or cached repo id")
     parser.add_argument("--workers", type=int, default=int(env("HWR_SERVE_WORKERS", "2")))
+    parser.add_argument(
+        "--revision", default=env("HWR_SERVE_REVISION"), help="a repo id's revision in the local cache (a commit)"
+    )
     parser.add_argument("--root", default=env("HWR_ROOT"), help="the node's domain (HWR_ROOT)")
     parser.add_argument("--mode", default=env("HWR_MODE"), choices=["preferred", "required", "disabled"])
     parser.add_argument("--host", default=env("HWR_SERVE_HOST", "127.0.0.1"), choices=["127.0.0.1", "0.0.0.0", "::"])
@@ -86,7 +95,45 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--model {args.model!r} is neither a folder nor a repo id")
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    args.call_kwargs = _call_kwargs(parser, args.call_arg, args.model)
     return args
+
+
+def _call_kwargs(parser: argparse.ArgumentParser, values: list[str], model: str) -> dict[str, Any]:
+    """--call-arg NAME=JSON, checked at start: valid JSON, no clash with what a request sets, a name the call takes."""
+    found: dict[str, Any] = {}
+    for name, text in _pairs(values, "call-arg").items():
+        try:
+            found[name] = json.loads(text)
+        except json.JSONDecodeError as exc:
+            parser.error(f"--call-arg {name}={text}: the value must be JSON ({exc}), e.g. {name}=512 or {name}='\"x\"'")
+    problem = call_kwargs_problem(found)
+    if problem is not None:
+        parser.error(problem)
+    accepted = _call_parameters(model)
+    unknown = sorted(set(found) - accepted[1]) if accepted is not None and not accepted[0] else []
+    if unknown:
+        parser.error(f"--call-arg {unknown[0]}: the pipeline's __call__ takes no argument {unknown[0]!r}")
+    return found
+
+
+def _call_parameters(model: str) -> tuple[bool, set[str]] | None:
+    """(takes **kwargs, its parameter names) of the pipeline class model_index.json names; None when unknown."""
+    index = Path(model) / "model_index.json"
+    try:
+        class_name = json.loads(index.read_text(encoding="utf-8")).get("_class_name")
+    except (OSError, ValueError):
+        return None
+    import inspect
+
+    import diffusers
+
+    pipeline_class = getattr(diffusers, class_name, None) if isinstance(class_name, str) else None
+    if pipeline_class is None:
+        return None
+    parameters = inspect.signature(pipeline_class.__call__).parameters
+    variadic = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
+    return variadic, set(parameters)
 
 
 def _add_routes(server: ls.LitServer, state_dir: Path) -> None:
@@ -106,6 +153,17 @@ def _add_routes(server: ls.LitServer, state_dir: Path) -> None:
             )
         response: Response = await call_next(request)
         return response
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        """The readiness probe: 200 once a worker can serve /predict, 503 until then."""
+        ok = any_worker_ready()
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    @app.get("/live")
+    async def live() -> JSONResponse:
+        """The liveness probe: 200 while the HTTP side answers, loading or not (a load can take minutes)."""
+        return JSONResponse({"live": True})
 
     @app.get("/status")
     async def status() -> JSONResponse:
@@ -130,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         serial_load=not args.parallel_load,
         loras=_pairs(args.lora, "lora"),
-        call_kwargs={name: json.loads(value) for name, value in _pairs(args.call_arg, "call-arg").items()},
+        call_kwargs=args.call_kwargs,
+        revision=args.revision,
     )
     server = EarlyListeningServer(
         DiffusionAPI(config),

@@ -47,7 +47,7 @@ def import_loading_modules(model: str) -> None:
             getattr(diffusers, class_name, None)  # diffusers imports a pipeline class (and its models) on first use
 
 
-def load_served_pipeline(model: str) -> ServedPipeline:
+def load_served_pipeline(model: str, revision: str | None = None) -> ServedPipeline:
     """The pipeline at `model` (a folder or cached repo id), every weighted component it can serve from the node's
     artifacts (`load_pipeline`).
 
@@ -65,13 +65,13 @@ def load_served_pipeline(model: str) -> ServedPipeline:
     runtime = HostWeightRuntime.from_env()
     domain_error = None
     try:
-        loaded = load_pipeline(model, torch_dtype=SERVED_DTYPE, runtime=runtime)
+        loaded = load_pipeline(model, torch_dtype=SERVED_DTYPE, revision=revision, runtime=runtime)
     except HostWeightError as exc:
         if runtime.config.mode is not RuntimeMode.PREFERRED:
             raise
         domain_error = exc.failure.to_dict()
         disabled = HostWeightRuntime(HostWeightRuntimeConfig(mode=RuntimeMode.DISABLED))
-        loaded = load_pipeline(model, torch_dtype=SERVED_DTYPE, runtime=disabled)
+        loaded = load_pipeline(model, torch_dtype=SERVED_DTYPE, revision=revision, runtime=disabled)
     loaded.pipeline.set_progress_bar_config(disable=True)
     components: dict[str, dict[str, Any]] = {}
     for record in loaded.records:

@@ -17,21 +17,23 @@ Multiprocess workers follow prometheus_client's documented mode: when
 `PROMETHEUS_MULTIPROC_DIR` is set (before the workers start), every process writes its
 values there, the live-leases gauge sums live processes (`livesum`), and the process
 that serves (the one whose `HWR_METRICS_PORT` bind succeeded) exposes a
-`MultiProcessCollector` plus the domain gauges. Call
-`prometheus_client.multiprocess.mark_process_dead(pid)` when a worker exits, as the
-prometheus_client documentation says.
+`MultiProcessCollector` plus the domain gauges. When it is not set, a fixed
+`HWR_METRICS_PORT` sets it to a private directory per uid and port (`_metrics_pod`), so the
+worker processes of one pod are all counted by one endpoint; live gauges of processes that
+are gone are marked dead at start and at exit.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _telemetry
+from ._metrics_pod import LiveProcessCollector, enable_pod_multiprocess, multiprocess_directory, multiprocess_enabled
 from .config import HostWeightRuntimeConfig, RuntimeMode
 from .failures import HostWeightError, HostWeightFailure, ResolutionStage
 from .outcomes import (
@@ -59,6 +61,7 @@ __all__ = [
     "serve_runtime_metrics",
     "start_metrics_server",
 ]
+
 
 class ObservableRuntime(Protocol):
     """What the metrics need of a runtime (`HostWeightRuntime` is one): its configuration and its reports."""
@@ -94,7 +97,6 @@ LATENCY_BUCKETS = (
     600.0,
     1800.0,
 )
-_MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class MetricsUnavailableError(ImportError):
@@ -115,7 +117,7 @@ def _prometheus() -> Any:
 
 
 def _multiprocess() -> bool:
-    return bool(os.environ.get(_MULTIPROC_ENV, "").strip())
+    return multiprocess_enabled()
 
 
 def _code(failure: HostWeightFailure | None) -> str:
@@ -204,16 +206,17 @@ class HostWeightMetrics:
             **kwargs,
         )
         self.live_leases.set(_telemetry.live_leases())
-        self._attached: set[int] = set()
+        # Weak: a runtime that is gone drops out, and a new one that reuses its id() is still observed.
+        self._attached: weakref.WeakSet[ObservableRuntime] = weakref.WeakSet()
         self._guard = threading.Lock()
         _telemetry.add_listener(self._on_event)
 
     def attach(self, runtime: ObservableRuntime) -> None:
         """Observe `runtime`'s reports (once per runtime)."""
         with self._guard:
-            if id(runtime) in self._attached:
+            if runtime in self._attached:
                 return
-            self._attached.add(id(runtime))
+            self._attached.add(runtime)
         runtime.add_observer(self.observe)
 
     def observe(self, report: ResolutionReport | PostLoadPublicationReport) -> None:
@@ -393,7 +396,7 @@ def start_metrics_server(
         if registry is None:
             if _multiprocess():
                 registry = client.CollectorRegistry()
-                client.multiprocess.MultiProcessCollector(registry)
+                registry.register(LiveProcessCollector(Path(multiprocess_directory())))
             else:
                 registry = client.REGISTRY
         server, _thread = client.start_http_server(port, addr=addr, registry=registry)
@@ -413,24 +416,34 @@ def serve_runtime_metrics(runtime: ObservableRuntime) -> tuple[str, int] | None:
     """What HWR_METRICS_PORT does: start this process's endpoint if needed and feed it `runtime`.
 
     Never fails the caller: a missing prometheus_client or a port another process already
-    serves is logged (in multiprocess mode that other process serves ours too).
+    serves is logged (in multiprocess mode that other process serves ours too). A fixed port
+    switches on multiprocess mode first (`_metrics_pod`), so every worker process of a pod
+    that shares the port is counted by the one endpoint that binds it.
     """
     config = runtime.config
     if config.metrics_port is None:
         return None
+    enable_pod_multiprocess(config.metrics_port)
     try:
         address = start_metrics_server(config.metrics_port, config.metrics_addr)
     except MetricsUnavailableError as exc:
         _LOG.warning("%s", exc)
         return None
     except OSError as exc:
-        _LOG.warning(
-            "host weight runtime metrics: cannot serve on %s:%d (%s); %s",
-            config.metrics_addr,
-            config.metrics_port,
-            exc,
-            "another worker serves the multiprocess metrics" if _multiprocess() else "metrics are not exported",
-        )
+        if _multiprocess():
+            _LOG.info(
+                "host weight runtime metrics: %s:%d is served by another worker process (%s); it counts this one too",
+                config.metrics_addr,
+                config.metrics_port,
+                exc,
+            )
+        else:
+            _LOG.warning(
+                "host weight runtime metrics: cannot serve on %s:%d (%s); this process's metrics are not exported",
+                config.metrics_addr,
+                config.metrics_port,
+                exc,
+            )
         address = None
     with _guard:
         serving = _server[0][2] if _server else None

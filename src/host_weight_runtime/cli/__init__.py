@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `hwr`; returns the exit status (argparse exits 2 itself on a malformed command line)."""
-    args = build_parser().parse_args(argv)
+    args, stray = build_parser().parse_known_args(argv)
+    if stray:  # the command's own usage, not the top-level one: `hwr inspect --bogus` shows inspect's options
+        command_parser: argparse.ArgumentParser = args.command_parser
+        command_parser.error(f"unrecognized arguments: {' '.join(stray)}")
     handler: Handler = args.handler
     return run_command(args.command, lambda: handler(args), json_output=bool(getattr(args, "json", False)))

@@ -27,7 +27,7 @@ class CommandModule(Protocol):
 def add_command(commands: Subcommands, name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
     """Add one subcommand whose parsed namespace carries `handler` (main calls it with the namespace)."""
     sub = commands.add_parser(name, help=help_text, description=help_text)
-    sub.set_defaults(handler=handler)
+    sub.set_defaults(handler=handler, command_parser=sub)  # main reports a stray option with this usage
     return sub
 
 

@@ -120,9 +120,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _items_table(items: tuple[GcItem, ...], statuses: dict[int, GcItemStatus] | None = None) -> Table:
     table = Table(title_justify="left")
-    columns = ["kind", "reason", "key", "size", "last used"] + (["result"] if statuses is not None else [])
+    columns = ["kind", "reason", "key", "on disk", "last used"] + (["result"] if statuses is not None else [])
     for column in columns:
-        table.add_column(column, justify="right" if column == "size" else "left", no_wrap=True)
+        table.add_column(column, justify="right" if column == "on disk" else "left", no_wrap=True)
     for index, item in enumerate(items):
         row = [item.kind.value, item.reason.value, short_key(item.key), size(item.size_bytes), ago(item.last_used_ns)]
         if statuses is not None:

@@ -103,12 +103,21 @@ def _render_domain(console: Console, snapshot: DomainInspection, *, wide: bool) 
         console.print("no artifacts")
         return
     groups = group_by_model(snapshot.artifacts)
-    console.print(_inventory(groups, wide=wide, width=console.width))
+    table = _inventory(groups, wide=wide, width=console.width)
+    needed = sum(column.width or 0 for column in table.columns) + len(table.columns) - 1
+    # Narrower than the columns that never give way: print whole lines (the terminal wraps them) rather than
+    # let rich cut every column, names included, to nothing distinguishable.
+    (console if needed <= console.width else wide_console()).print(table)
     console.print(Text(_summary(groups)))
+    console.print(Text(SIZE_NOTE))
+
+
+SIZE_HEADER = "SIZE*"
+SIZE_NOTE = "* SIZE: tensor bytes (what a lease maps); verify and gc print bytes on disk"
 
 
 def _inventory(groups: list[tuple[str, list[ArtifactInspection]]], *, wide: bool, width: int) -> Table:
-    names = ["MODEL", "COMPONENT", "REVISION", "DTYPE", "SIZE", "TENSORS", "CREATED", "STATE", "KEY"]
+    names = ["MODEL", "COMPONENT", "REVISION", "DTYPE", SIZE_HEADER, "TENSORS", "CREATED", "STATE", "KEY"]
     if wide:
         names += ["LAST USED", "LEASES", "SOURCE", "PATH"]
     now_ns = time.time_ns()
@@ -139,11 +148,13 @@ def _inventory(groups: list[tuple[str, list[ArtifactInspection]]], *, wide: bool
     widths = [max([len(name), *(row[column].cell_len for row in rows)]) for column, name in enumerate(names)]
     if not wide:
         widths[0], widths[1] = _shrunk(widths[0], widths[1], room=width - (sum(widths[2:]) + len(names) - 1))
+        for column in (0, 1):
+            widths[column] = _cut_column(rows, column, widths[column])
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", padding=0)
     for name, column_width in zip(names, widths, strict=True):
         table.add_column(
             name,
-            justify="right" if name in ("SIZE", "TENSORS", "LEASES") else "left",
+            justify="right" if name in (SIZE_HEADER, "TENSORS", "LEASES") else "left",
             no_wrap=True,
             overflow="ellipsis",
             width=column_width,
@@ -155,11 +166,35 @@ def _inventory(groups: list[tuple[str, list[ArtifactInspection]]], *, wide: bool
 
 def _shrunk(model: int, component: int, *, room: int) -> tuple[int, int]:
     """Widths for the model and component columns in `room` columns: only these two give way on a narrow
-    terminal (cut with an ellipsis), so keys, sizes and times always print whole."""
+    terminal, so keys, sizes and times always print whole. Components (short folder names) keep their
+    width while the model ids give way; then both share what is left."""
     if model + component <= room:
         return model, component
-    component = min(component, max(room // 3, MIN_SHRUNK))
+    if room - component >= MIN_SHRUNK:
+        return room - component, component
+    component = min(component, max(room // 2, MIN_SHRUNK))
     return max(room - component, MIN_SHRUNK), component
+
+
+def middle_cut(text: str, width: int) -> str:
+    """`text` in `width` cells, cut in the middle: both ends stay (an org and a name, `text_encoder` and its `_2`)."""
+    if len(text) <= width:
+        return text
+    if width < 2:
+        return text[:width]
+    tail = (width - 1) // 2
+    return text[: width - 1 - tail] + "…" + (text[-tail:] if tail else "")
+
+
+def _cut_column(rows: list[list[Text]], column: int, width: int) -> int:
+    """Cut the column's cells in the middle to `width`, widened until different values stay different."""
+    values = [row[column].plain for row in rows]
+    full = max((len(value) for value in values), default=width)
+    while width < full and len({middle_cut(v, width) for v in set(values)}) < len(set(values)):
+        width += 1
+    for row, value in zip(rows, values, strict=True):
+        row[column] = Text(middle_cut(value, width))
+    return width
 
 
 def _dtype(dtype: str | None, *, wide: bool) -> str:

@@ -104,8 +104,8 @@ def _render_verify(
         line = Text()
         line.append("ok ", style="green bold")
         line.append(
-            f"{result.key}  {result.model_id or '-'}  {result.tensor_count} tensors  {size(result.size_bytes)}  "
-            f"({what})"
+            f"{result.key}  {result.model_id or '-'}  {result.tensor_count} tensors  "
+            f"{size(result.size_bytes)} on disk  ({what})"
         )
         stdout_console().print(line)
         return

@@ -27,6 +27,7 @@ from ..canonical_json import CanonicalJson, JsonValue, decode_json
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, raise_failure, usage_error
 from ..lease import HostWeightLease
 from ._load_options import LoadOptions
+from ._quiet_progress import quiet_transformers_progress
 from .dtype_policies import TRANSFORMERS_RESTORER_SCHEMA, ModelFamilyName
 from .identity_adapter import FinalLayoutIdentityContext
 from .model_family import ImportClock
@@ -372,7 +373,8 @@ def _finish_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor], d
     conversions: Any = get_model_conversion_mapping(pretrained, None, None)  # what from_pretrained passes
     plan = pretrained._get_dtype_plan(dtype)
     load_config = LoadStateDictConfig(dtype=dtype, dtype_plan=plan, weight_mapping=conversions)
-    loading_info, _offload = model_class._load_pretrained_model(pretrained, state, None, load_config)
+    with quiet_transformers_progress():  # the tensors are already in place: no bar on a hit
+        loading_info, _offload = model_class._load_pretrained_model(pretrained, state, None, load_config)
     model_class._finalize_model_loading(pretrained, load_config, loading_info)
     model.eval()
     pretrained.set_use_kernels(False, None)

@@ -34,6 +34,7 @@ from ._load_options import LoadOptions, check_dtype, check_load_arguments, check
 from ._source_prehash import SourcePrehash, cores_free_beside_load
 from .background import BackgroundPublication
 from .canonical_step import load_canonical_at, load_canonical_for
+from .canonical_warning import warn_if_canonical
 from .component_source import ComponentLocation, needs_hashing, node_digest_cache
 from .contracts import FinalLayoutParallelIdentity
 from .diffusers_family import DIFFUSERS_FAMILY
@@ -140,13 +141,16 @@ def load_component(
     location = ComponentLocation(model_or_path, subfolder, revision, Path(cache_dir) if cache_dir is not None else None)
     if isinstance(parallel, FinalLayoutParallelIdentity) and tensor_parallel:
         _refuse_with_tensor_parallel(variant, from_pretrained_kwargs)
-        return load_tensor_parallel_component(
+        return warn_if_canonical(
             location,
-            parallel=parallel,
-            runtime=runtime if runtime is not None else HostWeightRuntime.from_env(),
-            stream_on_miss=stream_on_miss,
-            process_group=process_group,
-            representation=representation,
+            load_tensor_parallel_component(
+                location,
+                parallel=parallel,
+                runtime=runtime if runtime is not None else HostWeightRuntime.from_env(),
+                stream_on_miss=stream_on_miss,
+                process_group=process_group,
+                representation=representation,
+            ),
         )
     started = time.monotonic()
     options = check_load_arguments(
@@ -171,11 +175,13 @@ def load_component(
     stopwatch = LoadStopwatch(started, clock, None if mode is RuntimeMode.DISABLED else runtime.config.resolved_root)
     call = _ComponentCall(location, options, runtime, None, stopwatch, fp8)
     if mode is RuntimeMode.DISABLED:
-        return call.canonical_only(report_without_lookup(mode, ResolutionOutcome.CANONICAL_DIRECT))
+        return warn_if_canonical(
+            location, call.canonical_only(report_without_lookup(mode, ResolutionOutcome.CANONICAL_DIRECT))
+        )
     stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
     background = publish_in_background and mode is RuntimeMode.PREFERRED and not stream
     parallel = parallel if parallel is not None else FinalLayoutParallelIdentity()
-    return _load_through_runtime(call, parallel, stream=stream, background=background)
+    return warn_if_canonical(location, _load_through_runtime(call, parallel, stream=stream, background=background))
 
 
 def _refuse_with_tensor_parallel(variant: str | None, from_pretrained_kwargs: Mapping[str, Any]) -> None:
@@ -314,9 +320,6 @@ def _identity_fallback_report(exc: HostWeightError, call: _ComponentCall, starte
         raise exc
     if exc.failure.code is FailureCode.NOT_FOUND:
         raise exc
-    _LOG.warning(
-        "no final-layout identity for %s (%s); loading canonically", call.location.name_or_path, exc.failure.message
-    )
     attempt = ResolutionAttempt(
         exc.failure.stage,
         AttemptResult.FAILED,

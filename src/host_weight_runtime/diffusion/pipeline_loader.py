@@ -28,8 +28,12 @@ from ..outcomes import ResolutionOutcome
 from ..runtime import HostWeightRuntime
 from ._hub_snapshot import hub_snapshot
 from ._load_options import check_dtype
+from ._missing_folder import check_folder_or_repo_id
 from ._model_index import ClassKind, IndexedComponent, ModelIndex, read_model_index
+from ._pipeline_arguments import split_pipeline_arguments
+from ._prewarm_plan import check_something_to_prewarm
 from ._source_files import select_weight_files
+from .canonical_warning import warn_canonical_records
 from .component_source import ComponentLocation
 from .loaded import LoadedComponent
 from .loader import load_component, prewarm_component
@@ -165,6 +169,7 @@ def pipeline_root(
         raise usage_error(f"model_or_path must be a pipeline folder or 'org/name', got {model_or_path!r}")
     if os.path.isdir(text):
         return Path(os.path.abspath(text))
+    check_folder_or_repo_id(text)
     return hub_snapshot(text, revision, Path(cache_dir) if cache_dir is not None else None)
 
 
@@ -250,16 +255,6 @@ def _dtype_refusal(torch_dtype: torch.dtype | str) -> str | None:
     return None
 
 
-def _split_arguments(index: ModelIndex, arguments: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Caller components and pipeline options (diffusers' names) apart from load_component's arguments."""
-    pipeline_names = set(index.pipeline_class._get_signature_keys(index.pipeline_class)[0]) | set(
-        index.optional_arguments
-    )
-    caller = {name: value for name, value in arguments.items() if name in pipeline_names}
-    rest = {name: value for name, value in arguments.items() if name not in pipeline_names}
-    return caller, rest
-
-
 def _check_required(records: list[PipelineComponentRecord], mode: RuntimeMode, root: Path) -> None:
     canonical = [record for record in records if record.handling is ComponentHandling.CANONICAL]
     if mode is RuntimeMode.REQUIRED and canonical:
@@ -321,17 +316,14 @@ def load_pipeline(
     runtime = runtime if runtime is not None else HostWeightRuntime.from_env()
     root, named = _pipeline_root_or_named(model_or_path, revision, cache_dir, runtime)
     index = read_model_index(root)
-    caller, component_arguments = _split_arguments(index, kwargs)
+    caller, component_arguments = split_pipeline_arguments(
+        index, kwargs, torch_dtype=torch_dtype, variant=variant, use_safetensors=use_safetensors
+    )
     records = _plan(
-        index,
-        root,
-        caller,
-        variant=variant,
-        use_safetensors=use_safetensors,
-        dtype_refusal=_dtype_refusal(torch_dtype),
-        named=named,
+        index, root, caller, variant=variant, use_safetensors=use_safetensors, dtype_refusal=None, named=named
     )
     _check_required(records, runtime.config.mode, root)
+    warn_canonical_records(root, [(r.name, r.reason) for r in records if r.handling is ComponentHandling.CANONICAL])
     served: dict[str, LoadedComponent] = {}
     with ExitStack() as undo:
         for record in records:
@@ -408,7 +400,9 @@ def prewarm_pipeline(
     Each served component streams through `prewarm_component` (REQUIRED, bounded memory) in the
     representation `torch_dtype` names, so afterwards even a first worker's
     `load_pipeline(..., torch_dtype=...)` is all hits. Components the runtime cannot serve are
-    skipped and their records say why; a failure raises `HostWeightError`.
+    skipped and their records say why; a failure raises `HostWeightError`. A pipeline with
+    nothing to build, or a `variant` some weighted component lacks, raises `HostWeightUsageError`
+    before anything is built (`_prewarm_plan.py`).
     """
     root = pipeline_root(model_or_path, revision=revision, cache_dir=cache_dir)
     index = read_model_index(root)
@@ -416,6 +410,10 @@ def prewarm_pipeline(
     if refusal is not None:
         raise usage_error(refusal, argument="torch_dtype")
     records = _plan(index, root, {}, variant=variant, use_safetensors=None, dtype_refusal=None)
+    weighted = {component.name for component in index.components if component.kind in _SERVED_KINDS}
+    unbuilt = [(r.name, r.reason) for r in records if r.name in weighted and r.handling is not ComponentHandling.SERVED]
+    served = sum(record.handling is ComponentHandling.SERVED for record in records)
+    check_something_to_prewarm(root, variant, unbuilt=unbuilt, served=served)
     built: dict[str, PrewarmResult] = {}
     for record in records:
         if record.handling is not ComponentHandling.SERVED:
