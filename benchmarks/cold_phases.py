@@ -48,7 +48,7 @@ def timed(name, function):
     return wrapper
 # (module, attribute or Class.method, label): what exists in a tree is timed, what does not is skipped
 TARGETS = [
-    ("host_weight_runtime.diffusion.diffusers_family", "DiffusersFamily.import_up_front", "imports"),
+    ("host_weight_runtime.diffusion.family_diffusers", "DiffusersFamily.import_up_front", "imports"),
     ("host_weight_runtime.diffusion.loader", "runtime_for_load", "runtime"),
     ("host_weight_runtime.diffusion.loader", "_checkpoint_or_named_source", "source"),
     ("host_weight_runtime.diffusion.loader", "_start_prehash", "prehash"),

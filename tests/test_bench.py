@@ -26,7 +26,9 @@ from host_weight_runtime.tools.bench.bounds import cold_bounds
 from host_weight_runtime.tools.bench.goals import SOURCE_HASH_BOUND, WRITE_BOUND
 from host_weight_runtime.tools.bench.goals import goals as goal_table
 from host_weight_runtime.tools.bench.measure import PAGE_BYTES, LoadKind, RowSpec, touch_model
-from host_weight_runtime.tools.bench.names import (
+from host_weight_runtime.tools.bench.peers import PEERS, Peer, PeerFormat
+from host_weight_runtime.tools.bench.report import markdown
+from host_weight_runtime.tools.bench.row_names import (
     CANONICAL,
     CANONICAL_HUB,
     COLD_BACKGROUND,
@@ -42,8 +44,6 @@ from host_weight_runtime.tools.bench.names import (
     WARM_VERIFY_OFF,
     WARM_VERIFY_ON,
 )
-from host_weight_runtime.tools.bench.peers import PEERS, Peer, PeerFormat
-from host_weight_runtime.tools.bench.report import markdown
 from host_weight_runtime.tools.bench.runner import BenchReport
 from host_weight_runtime.tools.bench.setup import huge_tmpfs, unavailable_peers
 from host_weight_runtime.tools.bench.worker import ENV_PROFILE

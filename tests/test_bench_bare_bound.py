@@ -8,7 +8,7 @@ import pytest
 
 from host_weight_runtime.tools.bench.goals import WARM_VS_VIEWS_TARGET
 from host_weight_runtime.tools.bench.goals import goals as goal_table
-from host_weight_runtime.tools.bench.names import (
+from host_weight_runtime.tools.bench.row_names import (
     VIEWS_HUGE,
     VIEWS_POPULATE_SHM,
     VIEWS_SHM,

@@ -94,7 +94,7 @@ def room_of(module: str) -> str | None:
 
 
 def is_private(module: str) -> bool:
-    """A module below the package with a `_` part (`filesystem._fsutil`, `_resolution.lookup`); contracts are shared."""
+    """A module below the package with a `_` part (`filesystem._fsutil`, `_resolution.stage_lookup`); contracts are shared."""
     return room_of(module) != CONTRACTS and any(part.startswith("_") for part in module.split(".")[1:])
 
 

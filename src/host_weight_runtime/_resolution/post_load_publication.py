@@ -15,7 +15,7 @@ from ..identity import WeightArtifactIdentity
 from ..outcomes import PostLoadPublicationStatus, StoreStatus
 from ..protocols import BuildRequest, LookupPhase, WeightProducer
 from .checks import producer_rejection
-from .reports import PublicationOutcome
+from .resolve_reports import PublicationOutcome
 from .store_calls import StoreAcquirer, call_store, exception_details, failure_with, publication_id_of
 
 __all__ = ["post_load_publication"]

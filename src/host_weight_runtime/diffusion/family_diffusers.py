@@ -12,8 +12,8 @@ import torch
 from ..failures import FailureCode, HostWeightError, ResolutionStage, raise_failure, usage_error
 from ._load_options import LoadOptions
 from .dtype_policies import ModelFamilyName
+from .model_contracts import is_diffusers_model
 from .model_family import ImportClock, default_dtype
-from .models import is_diffusers_model
 from .source_identity import PreparedWeightSource
 
 __all__ = ["BROKEN_CONFIG_ERRORS", "DIFFUSERS_FAMILY", "DiffusersFamily", "build_skeleton"]

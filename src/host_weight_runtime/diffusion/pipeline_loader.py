@@ -31,10 +31,10 @@ from ._load_options import check_dtype
 from ._model_index import ClassKind, IndexedComponent, ModelIndex, read_model_index
 from ._source_files import select_weight_files
 from .component_source import ComponentLocation
+from .load_reports import PrewarmResult
 from .loaded import LoadedComponent
 from .loader import load_component, prewarm_component
 from .named_source import named_pipeline_root, wants_name
-from .reports import PrewarmResult
 
 __all__ = [
     "ComponentHandling",

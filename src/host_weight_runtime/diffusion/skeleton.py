@@ -42,8 +42,8 @@ from .identity_adapter import (
     discover_final_layout,
     model_contracts,
 )
+from .model_contracts import contract_for_model
 from .model_family import ImportClock, ModelFamily
-from .models import contract_for_model
 from .source_identity import PreparedWeightSource
 
 __all__ = [

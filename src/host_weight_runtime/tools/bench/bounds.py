@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common import JsonValue
-from .names import CANONICAL_HUB, COLD_BACKGROUND_HUB, COLD_PUBLISH, COLD_PUBLISH_HUB, COLD_STREAM, COLD_STREAM_HUB
+from .row_names import CANONICAL_HUB, COLD_BACKGROUND_HUB, COLD_PUBLISH, COLD_PUBLISH_HUB, COLD_STREAM, COLD_STREAM_HUB
 from .stats import Stats
 
 __all__ = ["cold_bounds", "cores_available", "measure_source_sha256"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..common import JsonValue
-from .names import (
+from .row_names import (
     CANONICAL,
     CANONICAL_HUB,
     COLD_BACKGROUND,

@@ -11,8 +11,8 @@ from ..common import JsonValue, remove_tree
 from ..memory import memory_rollup, weights_pss
 from .batch import WorkerBatch, evict_from_page_cache
 from .measure import RowSpec
-from .names import COLD
 from .options import BenchOptions
+from .row_names import COLD
 from .rows import BenchRow
 from .stats import Stats
 from .steal import StealSample, online_cpus, run_undisturbed, user_hz, was_disturbed

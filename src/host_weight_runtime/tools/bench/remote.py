@@ -33,7 +33,7 @@ from host_weight_runtime import (
 
 from ..common import JsonValue, remove_tree
 from .fleet import measure_fleet
-from .names import REMOTE_FILE, REMOTE_S3
+from .row_names import REMOTE_FILE, REMOTE_S3
 from .stats import Stats
 
 __all__ = ["RemoteSetup", "RemoteTarget", "measure_remote_throughput", "remote_targets"]

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from .bounds import bounds_line
-from .names import CANONICAL, COLD, HOT
 from .pipeline_rows import render as render_pipeline_rows
+from .row_names import CANONICAL, COLD, HOT
 from .runner import BenchReport
 
 __all__ = ["markdown", "result_path"]

@@ -16,7 +16,8 @@ from ..common import JsonValue
 from ..synthetic_models import TRANSFORMER_SUBFOLDER
 from .machine import filesystem_type
 from .measure import LoadKind, RowSpec
-from .names import (
+from .peers import PEERS, REFERENCE_PEERS, PeerFormat, peer_file_name, peer_named
+from .row_names import (
     CANONICAL,
     CANONICAL_HUB,
     COLD_BACKGROUND,
@@ -37,7 +38,6 @@ from .names import (
     WARM_VERIFY_OFF,
     WARM_VERIFY_ON,
 )
-from .peers import PEERS, REFERENCE_PEERS, PeerFormat, peer_file_name, peer_named
 from .setup import BenchSetup
 
 __all__ = ["BenchRow", "BenchRows", "bench_rows"]

@@ -27,7 +27,10 @@ from .bounds import cold_bounds, measure_source_sha256
 from .goals import goals, ratio
 from .machine import describe_machine
 from .measurements import Measurements
-from .names import (
+from .options import BenchOptions
+from .pipeline_rows import measure_pipeline_rows
+from .remote import measure_remote_throughput
+from .row_names import (
     CANONICAL,
     COLD,
     COLD_STREAM,
@@ -39,9 +42,6 @@ from .names import (
     WARM_VERIFY_OFF,
     WARM_VERIFY_ON,
 )
-from .options import BenchOptions
-from .pipeline_rows import measure_pipeline_rows
-from .remote import measure_remote_throughput
 from .rows import BenchRow, bench_rows
 from .setup import SHM, BenchSetup, prepare_setup, published_identity, unavailable_peers
 from .startup import measure_cli_startup

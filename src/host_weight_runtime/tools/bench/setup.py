@@ -33,9 +33,9 @@ from host_weight_runtime import (
 from host_weight_runtime.diffusion import PrewarmResult, load_component, prewarm_component
 
 from ..synthetic_models import TRANSFORMER_SUBFOLDER, save_flux_pipeline_folder, save_hub_snapshot
-from .names import HUB_REPO_ID
 from .peers import PEERS, Peer, PeerFormat, peer_file_name, peer_unavailable_reason, write_peer_files
 from .remote import RemoteSetup, remote_targets
+from .row_names import HUB_REPO_ID
 
 __all__ = ["SHM", "BenchSetup", "huge_tmpfs", "prepare_setup", "published_identity", "unavailable_peers"]
 
