@@ -44,7 +44,7 @@ from host_weight_runtime.diffusion.source_identity import PreparedWeightSource, 
 from host_weight_runtime.failures import FailureCode, HostWeightError
 from host_weight_runtime.identity import AdaptationIdentity, RuntimeWeightLayout
 from host_weight_runtime.tensors import TensorKind
-from host_weight_runtime.tools.synthetic_models import MODEL_KINDS, build_model, save_pipeline_folder, tiny_spec
+from hwr_tools.synthetic_models import MODEL_KINDS, build_model, save_pipeline_folder, tiny_spec
 
 from .support import recv_within, spawned_child
 

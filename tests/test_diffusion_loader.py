@@ -31,7 +31,7 @@ from host_weight_runtime.outcomes import (
     ResolutionOutcome,
 )
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import save_hub_snapshot
+from hwr_tools.synthetic_models import save_hub_snapshot
 
 from ._tiny_flux import (  # noqa: F401 - fixtures the tests take
     MODEL_CLASS,

@@ -31,7 +31,7 @@ from host_weight_runtime.diffusion import (
 from host_weight_runtime.failures import FailureCode, HostWeightError
 from host_weight_runtime.lease import HostWeightLease
 from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
-from host_weight_runtime.tools.synthetic_models import MODEL_KINDS, forward_inputs, run_forward, tiny_spec
+from hwr_tools.synthetic_models import MODEL_KINDS, forward_inputs, run_forward, tiny_spec
 
 from ._diffusion import DIT, Folder, Pipeline, all_tensors, identity_context, publish_canonical, runtime_at, save_folder
 from .support import recv_within, spawned_child

@@ -20,7 +20,7 @@ from host_weight_runtime.diffusion.tensor_layout import discover_tensor_ownershi
 from host_weight_runtime.failures import HostWeightError
 from host_weight_runtime.outcomes import ResolutionOutcome
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import save_pipeline_folder, tiny_spec
+from hwr_tools.synthetic_models import save_pipeline_folder, tiny_spec
 
 from ._diffusion import all_tensors
 

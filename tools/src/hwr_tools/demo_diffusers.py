@@ -4,7 +4,7 @@ The parent builds a FluxPipeline folder with real proportions (a FluxTransformer
 `--size-mib` FP32, a T5 encoder of about 40% of that, a CLIP text encoder and a VAE, real
 tokenizers and scheduler, seeded weights, `save_pretrained`) and a private domain, both on
 the tmpfs at /dev/shm, and removes both at the end, also on error, SIGTERM or Ctrl-C. Then,
-each in a fresh process (`python -m host_weight_runtime.tools.demo_diffusers --child ...`):
+each in a fresh process (`python -m hwr_tools.demo_diffusers --child ...`):
 
     canonical  DiffusionPipeline.from_pretrained(pipe, dtype=torch.bfloat16): what a
                diffusers user does today; its image with a fixed seed is the parity reference
@@ -20,7 +20,7 @@ artifact PSS sums the PSS of every artifact mapping. Then the child generates on
 (2 steps, fixed generator seed) and compares it with the canonical reference with
 `torch.equal`. The canonical row compares a second image with the reference it saved.
 
-Children speak the JSON-line protocol of the synthetic demo (`host_weight_runtime.tools.demo_store`:
+Children speak the JSON-line protocol of the synthetic demo (`hwr_tools.demo_store`:
 ready -> measure -> row -> release), started one at a time so no load contends with
 another's start-up; every wait has a deadline and every child is reaped.
 """
@@ -396,7 +396,7 @@ def _child_command(path: str, pipeline: Path, root: Path, reference: Path, refer
     return [
         sys.executable,
         "-m",
-        "host_weight_runtime.tools.demo_diffusers",
+        "hwr_tools.demo_diffusers",
         "--child",
         path,
         "--pipeline",
@@ -533,7 +533,7 @@ def failure_reason(report: FluxDemoReport) -> str:
 
 def _parse_child_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m host_weight_runtime.tools.demo_diffusers", description="hwr demo (Flux) child process"
+        prog="python -m hwr_tools.demo_diffusers", description="hwr demo (Flux) child process"
     )
     parser.add_argument("--child", required=True, help="canonical, cold or warm-N")
     parser.add_argument("--pipeline", required=True, type=Path)
@@ -544,7 +544,7 @@ def _parse_child_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of a demo child (`python -m host_weight_runtime.tools.demo_diffusers --child ...`)."""
+    """Entry point of a demo child (`python -m hwr_tools.demo_diffusers --child ...`)."""
     args = _parse_child_args(argv)
     return child_main(args.child, args.pipeline, args.root, args.reference, args.reference_seed)
 

@@ -428,7 +428,7 @@ def _child_command(process: str, root: Path, size_mib: int) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "host_weight_runtime.tools.demo_store",
+        "hwr_tools.demo_store",
         "--child",
         process,
         "--root",
@@ -553,7 +553,7 @@ def summary_line(report: DemoReport) -> str:
 
 def _parse_child_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m host_weight_runtime.tools.demo_store", description="hwr demo child process"
+        prog="python -m hwr_tools.demo_store", description="hwr demo child process"
     )
     parser.add_argument("--child", required=True, help="the process name to report")
     parser.add_argument("--root", required=True, type=Path)
@@ -562,7 +562,7 @@ def _parse_child_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of a demo child (`python -m host_weight_runtime.tools.demo_store --child ...`)."""
+    """Entry point of a demo child (`python -m hwr_tools.demo_store --child ...`)."""
     args = _parse_child_args(argv)
     return child_main(args.child, args.root, args.size_mib)
 

@@ -536,7 +536,7 @@ def run_soak(options: SoakOptions, say: Callable[[str], None] = lambda _line: No
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m host_weight_runtime.tools.soak [--seconds N] [--workers N] [--seed N] [--json]`."""
+    """`python -m hwr_tools.soak [--seconds N] [--workers N] [--seed N] [--json]`."""
     parser = argparse.ArgumentParser(prog="hwr-soak", description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=float(os.environ.get(ENV_SECONDS, "1800")))
     parser.add_argument("--workers", type=int, default=int(os.environ.get(ENV_WORKERS, "3")))

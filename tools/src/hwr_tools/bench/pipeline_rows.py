@@ -52,7 +52,7 @@ VIEWS = "pipeline-views"
 PIPELINE_ROWS = (CANONICAL, TRANSFORMER_ONLY, WARM, VIEWS)
 WARM_VIEWS_TARGET = 1.2
 WARM_PSS_TARGET = 1.05
-_WORKER_MODULE = "host_weight_runtime.tools.bench.pipeline_rows"
+_WORKER_MODULE = "hwr_tools.bench.pipeline_rows"
 
 
 # --------------------------------------------------------------------------- the worker side
@@ -387,7 +387,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m host_weight_runtime.tools.bench.pipeline_rows [--transformer-mib N]`, or a worker."""
+    """`python -m hwr_tools.bench.pipeline_rows [--transformer-mib N]`, or a worker."""
     parser = argparse.ArgumentParser(prog=f"python -m {_WORKER_MODULE}", description="hwr bench pipeline rows")
     parser.add_argument("--worker", nargs=3, metavar=("ROW", "FOLDER", "ROOT"), default=None)
     parser.add_argument("--transformer-mib", type=int, default=256)

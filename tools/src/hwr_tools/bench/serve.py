@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..common import REPO_ROOT
 from ..memory import memory_rollup, total_mapped_memory
 from ..synthetic_pipelines import PROMPT, T5_MAX_LENGTH, save_proportional_flux_pipeline
 
 __all__ = ["ServeBenchOptions", "run_serve_bench", "serve_markdown", "stop_service"]
 
-_REPO = Path(__file__).resolve().parents[4]
+_REPO = REPO_ROOT
 _START_TIMEOUT_S = 900.0
 _HEIGHT = 64
 _BARE_MMAP = """

@@ -40,7 +40,7 @@ def worker_arguments(spec: RowSpec, *, hold: bool) -> list[str]:
 
 def worker_command(spec: RowSpec, *, hold: bool) -> list[str]:
     """The command line of a worker for one run of `spec`."""
-    return [sys.executable, "-m", "host_weight_runtime.tools.bench.worker", *worker_arguments(spec, hold=hold)]
+    return [sys.executable, "-m", "hwr_tools.bench.worker", *worker_arguments(spec, hold=hold)]
 
 
 def preimported_worker(

@@ -1,6 +1,6 @@
 """Cold time to ready of `load_component` next to canonical `from_pretrained`, each run a fresh process.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/cold_paths.py --size-gib 0.25 --rounds 3 [--hub] [--src OTHER/src ...]
+    PYTHONPATH=src .venv/bin/python -m hwr_tools.studies.cold_paths --size-gib 0.25 --rounds 3 [--hub] [--src OTHER/src ...]
 
 A targeted stand-in for the cold rows of `hwr bench` (about a minute instead of twenty):
 an FP32 Flux checkpoint is written once; then, round after round and in rotating order,
@@ -34,7 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from host_weight_runtime.tools.bench.steal import Attempts, StealSample, run_undisturbed, steal_summary
+from hwr_tools.bench.steal import Attempts, StealSample, run_undisturbed, steal_summary
+from hwr_tools.common import pythonpath_with_tools
 
 _CHILD = r"""
 import gc, json, sys, time, torch
@@ -42,7 +43,7 @@ from pathlib import Path
 from diffusers import FluxTransformer2DModel
 from host_weight_runtime import HostWeightRuntime, HostWeightRuntimeConfig, RuntimeMode, StorageClass
 from host_weight_runtime.diffusion import load_component
-from host_weight_runtime.tools.bench.measure import touch_model
+from hwr_tools.bench.measure import touch_model
 mode, source, root, cache_dir = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 hub = {"cache_dir": cache_dir, "local_files_only": True} if cache_dir else {}
 gc.collect()  # the imports' collector debt, paid off the clock by every row alike
@@ -88,7 +89,7 @@ class _Row:
 def _run(row: _Row, pipeline: Path, hub_cache: Path, shm: Path) -> tuple[dict[str, float], StealSample]:
     source, cache_dir = (_HUB_REPO_ID, str(hub_cache)) if row.hub else (str(pipeline), "")
     with tempfile.TemporaryDirectory(dir=shm, prefix="hwr-cold-") as root:
-        env = {**os.environ, "PYTHONPATH": row.src, **({"HF_HUB_OFFLINE": "1"} if row.hub else {})}
+        env = {**os.environ, "PYTHONPATH": pythonpath_with_tools(row.src), **({"HF_HUB_OFFLINE": "1"} if row.hub else {})}
         done = subprocess.run(
             [sys.executable, "-c", _CHILD, row.mode, source, str(Path(root) / "domain"), cache_dir],
             env=env,
@@ -159,7 +160,7 @@ def main() -> None:
         parser.error(f"unknown --modes {unknown}: choose from stream, publish, background")
     sources = [str(Path(src).resolve()) for src in (args.src or ["src"])]
     sys.path.insert(0, sources[-1])
-    from host_weight_runtime.tools.synthetic_models import save_flux_pipeline_folder, save_hub_snapshot
+    from hwr_tools.synthetic_models import save_flux_pipeline_folder, save_hub_snapshot
 
     rows: list[_Row] = []
     for hub in (True,) if args.hub_only else (False, True) if args.hub else (False,):

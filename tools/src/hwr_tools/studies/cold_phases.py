@@ -1,6 +1,6 @@
 """The cold rows of `cold_paths.py` (stream, publish, background) timed phase by phase, each run a fresh process.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/cold_phases.py --size-gib 0.25 --rounds 3 [--src OTHER/src ...]
+    PYTHONPATH=src .venv/bin/python -m hwr_tools.studies.cold_phases --size-gib 0.25 --rounds 3 [--src OTHER/src ...]
 
 The same FP32 Flux checkpoint as `cold_paths.py`, loaded offline by repo id from a Hugging
 Face cache snapshot (nothing is hashed for the content key). Each run is one fresh interpreter
@@ -25,7 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from host_weight_runtime.tools.bench.steal import Attempts, StealSample, run_undisturbed, steal_summary
+from hwr_tools.bench.steal import Attempts, StealSample, run_undisturbed, steal_summary
+from hwr_tools.common import pythonpath_with_tools
 
 _CHILD = r"""
 import gc, importlib, json, sys, threading, time, torch
@@ -33,7 +34,7 @@ from pathlib import Path
 from host_weight_runtime import HostWeightRuntime, HostWeightRuntimeConfig, RuntimeMode, StorageClass
 from host_weight_runtime.diffusion import load_component
 from diffusers import FluxTransformer2DModel  # imports off the clock, as cold_paths.py
-from host_weight_runtime.tools.bench.measure import touch_model
+from hwr_tools.bench.measure import touch_model
 phases, cpu = {}, {}
 def timed(name, function):
     def wrapper(*args, **kwargs):
@@ -106,7 +107,7 @@ _MODES = ("stream", "publish", "background")
 
 def _run(src: str, mode: str, hub_cache: Path, shm: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=shm, prefix="hwr-cold-phases-") as root:
-        env = {**os.environ, "PYTHONPATH": src, "HF_HUB_OFFLINE": "1"}
+        env = {**os.environ, "PYTHONPATH": pythonpath_with_tools(src), "HF_HUB_OFFLINE": "1"}
         done = subprocess.run(
             [sys.executable, "-c", _CHILD, mode, _HUB_REPO_ID, str(Path(root) / "domain"), str(hub_cache)],
             env=env,
@@ -146,7 +147,7 @@ def main() -> int:
         parser.error(f"unknown --modes {sorted(set(modes) - set(_MODES))}: choose from {', '.join(_MODES)}")
     sources = [str(Path(src).resolve()) for src in (args.src or ["src"])]
     sys.path.insert(0, sources[-1])
-    from host_weight_runtime.tools.synthetic_models import save_flux_pipeline_folder, save_hub_snapshot
+    from hwr_tools.synthetic_models import save_flux_pipeline_folder, save_hub_snapshot
 
     rows = [(src, mode) for mode in modes for src in sources]
     samples: dict[tuple[str, str], list[dict[str, Any]]] = {row: [] for row in rows}

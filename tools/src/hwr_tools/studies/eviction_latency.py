@@ -1,6 +1,6 @@
 """Resolve latency on a crowded domain: a warm hit, and a miss whose build must evict, with 200 artifacts vs none.
 
-    PYTHONPATH=src python benchmarks/eviction_latency.py [--artifacts 200] [--runs 200] [--builds 30] [--json]
+    PYTHONPATH=src python -m hwr_tools.studies.eviction_latency [--artifacts 200] [--runs 200] [--builds 30] [--json]
 
 Two tmpfs domains under /dev/shm (removed afterwards): an empty one, and one holding
 `--artifacts` small published artifacts and capped (`max_store_bytes`) so that every new

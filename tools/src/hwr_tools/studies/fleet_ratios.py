@@ -1,6 +1,6 @@
 """The fleet figures of `hwr bench` on a synthetic artifact, in a few minutes instead of a full bench run.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/fleet_ratios.py --size-mib 512 --runs 3 [--disk /var/tmp] [--shm /dev/shm]
+    PYTHONPATH=src .venv/bin/python -m hwr_tools.studies.fleet_ratios --size-mib 512 --runs 3 [--disk /var/tmp] [--shm /dev/shm]
         [--only push]
 
 Publishes one BF16 artifact (`blake3-tree-v1`, as diffusion artifacts are) on /dev/shm, pushes it
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from host_weight_runtime import BuildRequest, DigestAlgorithm, FilesystemHostWeightStore, ValidationLevel
-from host_weight_runtime.tools.bench.fleet import measure_push
-from host_weight_runtime.tools.bench.remote import measure_remote_throughput, remote_targets
-from host_weight_runtime.tools.bench.throughput import _identity, _Producer, _tensors
+from hwr_tools.bench.fleet import measure_push
+from hwr_tools.bench.remote import measure_remote_throughput, remote_targets
+from hwr_tools.bench.throughput import _identity, _Producer, _tensors
 
 
 def main() -> None:

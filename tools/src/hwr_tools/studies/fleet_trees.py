@@ -1,6 +1,6 @@
 """`file://` import and node B against a plain fsspec copy, for several source trees side by side.
 
-    .venv/bin/python benchmarks/fleet_trees.py --src /tmp/base/src --src src [--size-mib 256] [--rounds 4]
+    .venv/bin/python -m hwr_tools.studies.fleet_trees --src /tmp/base/src --src src [--size-mib 256] [--rounds 4]
         [--children 2] [--disk /var/tmp] [--shm /dev/shm]
 
 Publishes one BF16 `blake3-tree-v1` artifact with the first tree and pushes it to a `file://` folder on
@@ -27,11 +27,13 @@ from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 
+from hwr_tools.common import pythonpath_with_tools
+
 _SETUP = """
 import sys, time
 from pathlib import Path
 from host_weight_runtime import BuildRequest, DigestAlgorithm, FilesystemHostWeightStore, ValidationLevel, push_artifact
-from host_weight_runtime.tools.bench.throughput import _identity, _Producer, _tensors
+from hwr_tools.bench.throughput import _identity, _Producer, _tensors
 shm, url, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
 algorithm = DigestAlgorithm.BLAKE3_TREE_V1
 identity = _identity(size, 0, algorithm)
@@ -69,8 +71,8 @@ def _child(url: str, shm: Path, rounds: int, size: int) -> dict[str, list[float]
         ValidationLevel,
     )
     from host_weight_runtime.remote.importer import import_remote_artifact
-    from host_weight_runtime.tools.bench.throughput import _identity
-    from host_weight_runtime.tools.common import remove_tree
+    from hwr_tools.bench.throughput import _identity
+    from hwr_tools.common import remove_tree
 
     identity = _identity(size, 0, DigestAlgorithm.BLAKE3_TREE_V1)
     fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True)
@@ -159,7 +161,7 @@ def main() -> None:
     url = f"file://{disk / 'remote'}"
     trees = [str(Path(tree).resolve()) for tree in args.src]
     try:
-        setup_env = {**os.environ, "PYTHONPATH": trees[0]}
+        setup_env = {**os.environ, "PYTHONPATH": pythonpath_with_tools(trees[0])}
         subprocess.run([sys.executable, "-c", _SETUP, str(shm), url, str(size)], check=True, env=setup_env)
         for child in range(args.children):
             for tree in trees if child % 2 == 0 else trees[::-1]:
@@ -167,7 +169,7 @@ def main() -> None:
                 command = [sys.executable, __file__, "--size-mib", str(args.size_mib), "--child", url, str(shm)]
                 command.append(str(args.rounds))
                 done = subprocess.run(
-                    command, env={**os.environ, "PYTHONPATH": tree}, capture_output=True, text=True, check=False
+                    command, env={**os.environ, "PYTHONPATH": pythonpath_with_tools(tree)}, capture_output=True, text=True, check=False
                 )
                 if done.returncode:
                     raise SystemExit(f"{tree}: child failed\n{done.stderr[-3000:]}")

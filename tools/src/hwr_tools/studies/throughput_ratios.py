@@ -1,6 +1,6 @@
 """Publication and FULL_CHECKSUM ratios for both payload digest formats, side by side in one process.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/throughput_ratios.py --size-mib 1024 --runs 5 [--root /dev/shm]
+    PYTHONPATH=src .venv/bin/python -m hwr_tools.studies.throughput_ratios --size-mib 1024 --runs 5 [--root /dev/shm]
 
 The same measurement `hwr bench` reports under "Throughput" (tools/bench/throughput.py),
 run for `sha256-tree-v1` and `blake3-tree-v1` alternately, so a shared machine's noise
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from host_weight_runtime import DigestAlgorithm
-from host_weight_runtime.tools.bench.throughput import measure_throughput
+from hwr_tools.bench.throughput import measure_throughput
 
 
 def main() -> None:

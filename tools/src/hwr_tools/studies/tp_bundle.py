@@ -1,6 +1,6 @@
 """Bundle build time for TP=N versus one TP=1 publication of the same checkpoint (streaming, one pass each).
 
-    PYTHONPATH=src python benchmarks/tp_bundle.py --bytes 256000000 --tp 2 4
+    PYTHONPATH=src python -m hwr_tools.studies.tp_bundle --bytes 256000000 --tp 2 4
 
 Prints one line per TP size: seconds for TP=1, seconds for the TP=N bundle, and their ratio
 (goal <= 1.2x). The lead turns these into `hwr bench` rows.
@@ -33,7 +33,7 @@ from host_weight_runtime.diffusion.skeleton import ComponentHolder
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.protocols import BuildRequest, WeightProducer
 from host_weight_runtime.tensors import ValidationLevel
-from host_weight_runtime.tools.synthetic_models import save_flux_pipeline_folder
+from hwr_tools.synthetic_models import save_flux_pipeline_folder
 
 _DIGEST = hashlib.sha256(b"benchmarks/tp_bundle").hexdigest()
 _LOADER = FinalLayoutLoaderIdentity(ImplementationIdentity("benchmarks.tp_bundle", "1", _DIGEST), _DIGEST, _DIGEST)

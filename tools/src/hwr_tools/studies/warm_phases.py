@@ -1,6 +1,6 @@
 """A warm pipeline load (transformer, VAE and both text encoders), timed by phase, each run a fresh process.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/warm_phases.py --size-mib 256 --rounds 3 [--src OTHER/src ...]
+    PYTHONPATH=src .venv/bin/python -m hwr_tools.studies.warm_phases --size-mib 256 --rounds 3 [--src OTHER/src ...]
 
 A proportional Flux pipeline (`save_proportional_flux_pipeline`) is published once into a
 `/dev/shm` domain; then, round after round, alternating the given source trees, a fresh
@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from hwr_tools.common import REPO_ROOT, pythonpath_with_tools
 
 _CHILD = r"""
 import gc, json, sys, time
@@ -53,7 +55,7 @@ loaded.close()
 
 
 def _run(src: str, folder: Path, root: Path, mode: str) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": src, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": pythonpath_with_tools(src), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, str(folder), str(root), mode], env=env, capture_output=True, text=True, check=False
     )
@@ -70,8 +72,8 @@ def main() -> int:
     parser.add_argument("--src", action="append", default=[], help="a source tree to time (several: alternated)")
     parser.add_argument("--workdir", default="/var/tmp")
     options = parser.parse_args()
-    sources = options.src or [str(Path(__file__).resolve().parents[1] / "src")]
-    from host_weight_runtime.tools.synthetic_pipelines import save_proportional_flux_pipeline
+    sources = options.src or [str(REPO_ROOT / "src")]
+    from hwr_tools.synthetic_pipelines import save_proportional_flux_pipeline
 
     with tempfile.TemporaryDirectory(dir=options.workdir, prefix="hwr-phases-") as disk, \
             tempfile.TemporaryDirectory(dir="/dev/shm", prefix="hwr-phases-") as shm:

@@ -1,13 +1,13 @@
 """Warm time to ready next to the three bare mmap rows, on /dev/shm and on a huge-page tmpfs, each run a fresh process.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/warm_ratios.py --size-gib 0.25 1 --rounds 5 [--src OTHER/src ...]
+    PYTHONPATH=src .venv/bin/python -m hwr_tools.studies.warm_ratios --size-gib 0.25 1 --rounds 5 [--src OTHER/src ...]
 
 A targeted stand-in for the warm rows of `hwr bench` (minutes instead of twenty): an FP32
 Flux checkpoint is written and published once per size into a `/dev/shm` domain and, when
 this process runs as root, into a domain on a tmpfs mounted `huge=always` (as `hwr bench`
 mounts it); a safetensors copy of the artifact's final-layout tensors goes next to each
 domain. Then, round after round in rotating order, `hwr bench`'s own workers
-(`host_weight_runtime.tools.bench.worker`, imports off the clock) each measure one run:
+(`hwr_tools.bench.worker`, imports off the clock) each measure one run:
 the warm hit (`load_component`) and the bare views (`safetensors-mmap-views`, `-populate`,
 `-prefault-thread`). With several `--src` trees (e.g. a checkout of the base commit) each
 tree's warm row runs in the same rounds, so their ratios share the noise. The report gives
@@ -27,10 +27,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from host_weight_runtime.tools.bench.batch import WorkerBatch
-from host_weight_runtime.tools.bench.measure import LoadKind, RowSpec
-from host_weight_runtime.tools.bench.peers import REFERENCE_PEERS, PeerFormat, write_peer_files
-from host_weight_runtime.tools.bench.setup import (
+from hwr_tools.bench.batch import WorkerBatch
+from hwr_tools.bench.measure import LoadKind, RowSpec
+from hwr_tools.bench.peers import REFERENCE_PEERS, PeerFormat, write_peer_files
+from hwr_tools.bench.setup import (
     GIB,
     MIB,
     SHM,
@@ -38,14 +38,15 @@ from host_weight_runtime.tools.bench.setup import (
     _runtime,
     huge_tmpfs,
 )
-from host_weight_runtime.tools.bench.steal import (
+from hwr_tools.bench.steal import (
     Attempts,
     StealSample,
     cpu_line,
     run_undisturbed,
     steal_summary,
 )
-from host_weight_runtime.tools.synthetic_models import TRANSFORMER_SUBFOLDER, save_flux_pipeline_folder
+from hwr_tools.common import REPO_ROOT, pythonpath_with_tools
+from hwr_tools.synthetic_models import TRANSFORMER_SUBFOLDER, save_flux_pipeline_folder
 
 _BARE = ("safetensors-mmap-views", *(peer.name for peer in REFERENCE_PEERS))
 
@@ -54,7 +55,7 @@ _BARE = ("safetensors-mmap-views", *(peer.name for peer in REFERENCE_PEERS))
 def _python_path(src: str) -> Iterator[None]:
     """Workers started inside inherit PYTHONPATH=src, so they import that tree's runtime."""
     before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = src
+    os.environ["PYTHONPATH"] = pythonpath_with_tools(src)
     try:
         yield
     finally:
@@ -159,7 +160,7 @@ def _round(specs: list[tuple[str, RowSpec]], shift: int, log: Any, steal: list[A
 
 
 def _median(rows: list[dict[str, Any]], name: str, field: str = "time_to_ready_ms") -> float:
-    return statistics.median(row[field] for row in rows if row["name"] == name)
+    return float(statistics.median(row[field] for row in rows if row["name"] == name))
 
 
 def _report(
@@ -195,7 +196,7 @@ def main() -> int:
     parser.add_argument("--workdir", default="/var/tmp")
     parser.add_argument("--json", help="write every sample here")
     options = parser.parse_args()
-    sources = options.src or [str(Path(__file__).resolve().parents[1] / "src")]
+    sources = options.src or [str(REPO_ROOT / "src")]
     report: list[str] = [f"sources: {sources}", f"uid {os.geteuid()}", ""]
     samples: dict[str, list[dict[str, Any]]] = {}
     for size in options.size_gib:
