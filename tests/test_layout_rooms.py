@@ -46,6 +46,7 @@ _CONTRACT_MODULES = (
     "version",
     "_digest",
     "_strict",
+    "_records",
     "_faults",
     "_remote_url",
     "_exit_wait",

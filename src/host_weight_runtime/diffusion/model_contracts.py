@@ -7,12 +7,11 @@ Classes are recognised by name and MRO, so this module never imports diffusers.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
 
 import torch
 
-from ..canonical_json import CanonicalJson, encode_canonical
+from ..canonical_json import CanonicalJson, canonical_sha256
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage
 from .contracts import FinalLayoutModelContract, ImplementationIdentity, keeps_fp32
 
@@ -147,7 +146,7 @@ def _contract(
         implementation=ImplementationIdentity(
             implementation_id=f"diffusers.{class_name}",
             version=_CONTRACT_VERSION,
-            fingerprint=hashlib.sha256(encode_canonical(document)).hexdigest(),
+            fingerprint=canonical_sha256(document),
         ),
         model_class_name=class_name,
         keep_in_fp32_modules=keep_in_fp32_modules,
@@ -221,7 +220,7 @@ def _transformers_contract(model: torch.nn.Module, dtype: torch.dtype) -> FinalL
         implementation=ImplementationIdentity(
             implementation_id=f"transformers.{class_name}",
             version=_CONTRACT_VERSION,
-            fingerprint=hashlib.sha256(encode_canonical(document)).hexdigest(),
+            fingerprint=canonical_sha256(document),
         ),
         model_class_name=class_name,
         keep_in_fp32_modules=keep,
