@@ -33,6 +33,7 @@ from host_weight_runtime.canonical_json import (
     canonical_sha256_trusted,
     encode_canonical,
 )
+from host_weight_runtime.failures import FailureCode, HostWeightFailure, ResolutionStage, failure
 
 PACKAGE_DIR = Path(host_weight_runtime.__file__).resolve().parent
 
@@ -216,3 +217,18 @@ def test_no_module_hashes_canonical_bytes_by_hand() -> None:
         for line in _hand_written_digests(path.read_text(encoding="utf-8"))
     ]
     assert found == []
+
+
+def test_a_failure_keeps_its_bytes() -> None:
+    """C06: a failure value written by its field table keeps the bytes it had when written by hand, and reads back."""
+    value = failure(
+        ResolutionStage.REMOTE, FailureCode.REMOTE_FAILED, "the remote \u00e9 said no", retryable=True, url="file:///x", tries=2
+    )
+    data = encode_canonical(value.to_dict())
+    assert data == (
+        b'{"code":"remote_failed","details":{"tries":2,"url":"file:///x"},'
+        b'"message":"the remote \xc3\xa9 said no","retryable":true,"stage":"remote"}'
+    )
+    assert HostWeightFailure.from_dict(CanonicalJson(data).to_value()) == value
+    with pytest.raises(ValueError, match=r"failure\.retryable must be a boolean"):
+        HostWeightFailure.from_dict({**value.to_dict(), "retryable": 1})

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ._strict import (
+    get_bool,
     get_int,
     get_int_tuple,
     get_json,
@@ -28,6 +29,7 @@ from ._strict import (
 from .canonical_json import JsonValue
 
 __all__ = [
+    "Boolean",
     "EnumValue",
     "Field",
     "FieldCodec",
@@ -93,6 +95,21 @@ class Integer:
 
     def decode(self, obj: Mapping[str, object], key: str, where: str) -> object:
         return get_int(obj, key, where)
+
+
+@dataclass(frozen=True, slots=True)
+class Boolean:
+    """A bool (never an int)."""
+
+    def check(self, value: object, name: str) -> None:
+        if type(value) is not bool:
+            raise ValueError(f"{name} must be a bool")
+
+    def encode(self, value: Any) -> JsonValue:
+        return value  # type: ignore[no-any-return]  # checked to be bool
+
+    def decode(self, obj: Mapping[str, object], key: str, where: str) -> object:
+        return get_bool(obj, key, where)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +248,8 @@ def _reader(codec: FieldCodec) -> Callable[[Mapping[str, object], str, str], obj
         return get_optional_str if codec.optional else get_str
     if isinstance(codec, Integer):
         return get_int
+    if isinstance(codec, Boolean):
+        return get_bool
     if isinstance(codec, Ints):
         return get_int_tuple
     if isinstance(codec, Json):
@@ -257,7 +276,9 @@ class RecordSpec:
         if len(set(names)) != len(names):
             raise ValueError(f"{self.owner} names a field twice")
         object.__setattr__(self, "keys", frozenset(names))
-        writers = tuple((f.name, None if isinstance(f.codec, Text | Integer) else f.codec.encode) for f in self.fields)
+        writers = tuple(
+            (f.name, None if isinstance(f.codec, Text | Integer | Boolean) else f.codec.encode) for f in self.fields
+        )
         object.__setattr__(self, "_writers", writers)
         object.__setattr__(self, "_readers", tuple((f.name, _reader(f.codec)) for f in self.fields))
 
