@@ -9,10 +9,12 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 # torch==2.13.0 first: a looser pin makes pip pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+# The tools (tools/: hwr bench, hwr demo, soak, synthetic models) are a package of their own, installed after the runtime.
+$(STAMP): pyproject.toml tools/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
 	$(BIN)/python -m pip install --quiet -e ".[test,lint,diffusion,bench,remote,serve,docs]"
+	$(BIN)/python -m pip install --quiet -e tools
 	touch $(STAMP)
 
 # Two workers, one test file at a time each: many tests wait on child processes, so 2 cores stay busy.
@@ -21,8 +23,8 @@ test: setup
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/mypy --strict src
+	$(BIN)/ruff check src tools tests examples
+	$(BIN)/mypy --strict src tools/src
 
 # The documentation site (mkdocs.yml) into site/; --strict makes a broken link or a missing reference an error.
 docs: setup
@@ -46,13 +48,13 @@ fuzz: setup
 	HWR_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -m fuzz --timeout=0 --hypothesis-show-statistics tests
 
 # Workers resolving a rotating set of models under random SIGKILLs, corruption, cleanup, gc and eviction,
-# with an invariant check after every step (src/host_weight_runtime/tools/soak.py). SOAK_SECONDS sets the
+# with an invariant check after every step (tools/src/hwr_tools/soak.py). SOAK_SECONDS sets the
 # duration, SOAK_WORKERS the worker count, SOAK_SEED replays a run (the seed is printed).
 SOAK_SECONDS ?= 1800
 SOAK_WORKERS ?= 3
 
 soak: setup
-	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_WORKERS=$(SOAK_WORKERS) $(BIN)/python -m host_weight_runtime.tools.soak
+	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_WORKERS=$(SOAK_WORKERS) $(BIN)/python -m hwr_tools.soak
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from host_weight_runtime.tools.synthetic_models import build_model, forward_inputs, run_forward, tiny_spec
+from hwr_tools.synthetic_models import build_model, forward_inputs, run_forward, tiny_spec
 
 KIND = "flux"
 SUBFOLDER = "transformer"

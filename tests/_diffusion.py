@@ -31,7 +31,7 @@ from host_weight_runtime.diffusion import (
 )
 from host_weight_runtime.outcomes import PostLoadPublicationReport
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import save_pipeline_folder, tiny_spec
+from hwr_tools.synthetic_models import save_pipeline_folder, tiny_spec
 
 DIT = "transformer"
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"

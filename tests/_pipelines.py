@@ -18,7 +18,7 @@ import torch
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
 from host_weight_runtime.diffusion import LoadedPipeline, load_pipeline
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_pipelines import generation_kwargs, pipeline_kind, save_tiny_pipeline
+from hwr_tools.synthetic_pipelines import generation_kwargs, pipeline_kind, save_tiny_pipeline
 
 PIPELINES = ("flux", "sd3", "pixart_sigma", "sdxl", "sana")
 

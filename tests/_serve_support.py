@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from host_weight_runtime.tools.synthetic_models import build_model
-from host_weight_runtime.tools.synthetic_pipelines import T5_MAX_LENGTH
+from hwr_tools.synthetic_models import build_model
+from hwr_tools.synthetic_pipelines import T5_MAX_LENGTH
 
 SERVE_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "serve"
 LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]

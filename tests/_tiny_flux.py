@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward, save_pipeline_folder, tiny_spec
+from hwr_tools.synthetic_models import forward_inputs, run_forward, save_pipeline_folder, tiny_spec
 
 KIND = "flux"
 SUBFOLDER = "transformer"

@@ -81,7 +81,7 @@ def group_child(rank: int, setup: dict[str, Any], report: Connection, control: C
 
     world, rendezvous, folder_root = setup["world"], setup["rendezvous"], setup["folder"]
     domain_root, steps = setup["domain"], setup["steps"]
-    from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
+    from hwr_tools.synthetic_models import forward_inputs, run_forward
 
     dist.init_process_group(
         "gloo", init_method=rendezvous, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=180)

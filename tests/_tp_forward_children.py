@@ -16,7 +16,7 @@ import torch
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
 from host_weight_runtime.diffusion import FinalLayoutParallelIdentity, load_component
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
+from hwr_tools.synthetic_models import forward_inputs, run_forward
 
 from ._diffusion import DIT
 

@@ -34,7 +34,7 @@ from host_weight_runtime.protocols import (
     TensorWriteSpec,
     WeightProductionSpec,
 )
-from host_weight_runtime.tools.preimported import preimported_context
+from hwr_tools.preimported import preimported_context
 
 MANIFEST_SCHEMA = "hwr-test-manifest-v1"
 RESTORER_SCHEMA = "hwr-test-restorer-v1"

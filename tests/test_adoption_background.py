@@ -18,7 +18,7 @@ from host_weight_runtime.filesystem.inspection import ArtifactState
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import AttemptAction, AttemptResult, ResolutionOutcome
 from host_weight_runtime.tensors import ValidationLevel
-from host_weight_runtime.tools.synthetic_models import save_pipeline_folder
+from hwr_tools.synthetic_models import save_pipeline_folder
 
 from ._adoption import (
     KIND,

@@ -19,7 +19,7 @@ from host_weight_runtime.diffusion import HostWeightUsageError
 from host_weight_runtime.diffusion.loader import load_component, prewarm_component
 from host_weight_runtime.failures import ArgumentHint, FailureCode, HostWeightError, HostWeightFailure
 from host_weight_runtime.outcomes import ResolutionOutcome
-from host_weight_runtime.tools.synthetic_models import save_hub_snapshot, save_pipeline_folder
+from hwr_tools.synthetic_models import save_hub_snapshot, save_pipeline_folder
 
 from ._adoption import KIND, SUBFOLDER, artifact_keys, isolate_environment, save_variant_folder
 from ._diffusion import runtime_at

@@ -14,7 +14,7 @@ from host_weight_runtime.diffusion import ComponentLoadPath, load_component
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.lease import HostWeightLease
 from host_weight_runtime.outcomes import CleanupStatus, ResolutionOutcome
-from host_weight_runtime.tools.synthetic_models import save_pipeline_folder
+from hwr_tools.synthetic_models import save_pipeline_folder
 
 from ._adoption import KIND, SUBFOLDER, canonical, forward, isolate_environment
 from ._diffusion import all_tensors, runtime_at

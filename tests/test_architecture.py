@@ -60,14 +60,14 @@ def module_name_for(path: Path, package_dir: Path = PACKAGE_DIR, package: str = 
 # (DESIGN: "nothing -> cli"); every module of it may reach the adapters, but only lazily.
 CLI_PACKAGE = "cli"
 CLI_MODULE = f"{PACKAGE}.{CLI_PACKAGE}"
-# The tools behind `hwr demo` / `hwr bench` and the tests are application layer too; they
-# import the adapters eagerly, and tests/test_tools_layout.py holds them to the public API.
-TOOLS_MODULE = f"{PACKAGE}.tools"
+# The tools behind `hwr demo` / `hwr bench` and the tests are a package of their own (`hwr_tools`, under
+# tools/src); tests/test_tools_layout.py holds them to the public API and the runtime off them.
+TOOLS_MODULE = "hwr_tools"
 
 
 def core_source_files(package_dir: Path = PACKAGE_DIR) -> list[Path]:
-    """Every .py file of the package except the diffusion adapters, the CLI package and the tools."""
-    skipped = (package_dir / "diffusion", package_dir / CLI_PACKAGE, package_dir / "tools")
+    """Every .py file of the package except the diffusion adapters and the CLI package."""
+    skipped = (package_dir / "diffusion", package_dir / CLI_PACKAGE)
     return sorted(p for p in package_dir.rglob("*.py") if not any(folder in p.parents for folder in skipped))
 
 
@@ -215,8 +215,8 @@ def test_module_level_import_scan_ignores_function_bodies() -> None:
         ("from torch.cuda import Stream", "host_weight_runtime.x", False, "torch.cuda"),
         ("from .diffusion import contracts", "host_weight_runtime.x", False, "host_weight_runtime.diffusion"),
         ("from . import diffusion", "host_weight_runtime", True, "host_weight_runtime.diffusion"),
-        ("from ..diffusion.models import M", "host_weight_runtime.filesystem.store", False,
-         "host_weight_runtime.diffusion.models"),
+        ("from ..diffusion.model_contracts import M", "host_weight_runtime.filesystem.store", False,
+         "host_weight_runtime.diffusion.model_contracts"),
         ("from .. import diffusion", "host_weight_runtime.filesystem", True, "host_weight_runtime.diffusion"),
         ("def f():\n    import diffusers\n", "host_weight_runtime.x", False, "diffusers"),
         ("import importlib\nimportlib.import_module('diffusers')", "host_weight_runtime.x", False, "diffusers"),
@@ -248,12 +248,9 @@ def test_static_scanner_allows_ordinary_imports(source: str, module: str, is_pac
 
 
 def test_scan_discovers_modules_added_later(tmp_path: Path) -> None:
-    """C08: a new core module (even in a new subpackage) is scanned; the diffusion and tools subpackages are not."""
+    """C08: a new core module (even in a new subpackage) is scanned; the diffusion subpackage is not."""
     root = tmp_path / PACKAGE
     (root / "diffusion").mkdir(parents=True)
-    (root / "tools").mkdir()
-    (root / "tools" / "__init__.py").write_text("")
-    (root / "tools" / "demo.py").write_text("from ..diffusion import loader\n")
     (root / "newpkg").mkdir()
     (root / "__init__.py").write_text("")
     (root / "diffusion" / "__init__.py").write_text("import diffusers\n")
@@ -262,7 +259,6 @@ def test_scan_discovers_modules_added_later(tmp_path: Path) -> None:
     modules, violations = scan_package(root, PACKAGE)
     assert f"{PACKAGE}.newpkg.helper" in modules
     assert not any(m.startswith(ADAPTER_PACKAGE) for m in modules)
-    assert not any(m.startswith(f"{PACKAGE}.tools") for m in modules)
     assert [(v.module, v.target) for v in violations] == [
         (f"{PACKAGE}.newpkg.helper", f"{ADAPTER_PACKAGE}"),
         (f"{PACKAGE}.newpkg.helper", f"{ADAPTER_PACKAGE}.models"),
@@ -274,7 +270,7 @@ _IMPORT_EVERYTHING = textwrap.dedent(
     import importlib, json, pkgutil, sys
 
     PACKAGE = "host_weight_runtime"
-    SKIP = ("host_weight_runtime.diffusion", "host_weight_runtime.tools")
+    SKIP = ("host_weight_runtime.diffusion",)
 
     def skipped(name):
         return any(name == s or name.startswith(s + ".") for s in SKIP)

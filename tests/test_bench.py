@@ -21,12 +21,14 @@ import torch
 
 from host_weight_runtime.cli import main
 from host_weight_runtime.diffusion.source_identity import hub_blob_content_id
-from host_weight_runtime.tools.bench.batch import WorkerBatch, evict_from_page_cache
-from host_weight_runtime.tools.bench.bounds import cold_bounds
-from host_weight_runtime.tools.bench.goals import SOURCE_HASH_BOUND, WRITE_BOUND
-from host_weight_runtime.tools.bench.goals import goals as goal_table
-from host_weight_runtime.tools.bench.measure import PAGE_BYTES, LoadKind, RowSpec, touch_model
-from host_weight_runtime.tools.bench.names import (
+from hwr_tools.bench.batch import WorkerBatch, evict_from_page_cache
+from hwr_tools.bench.bounds import cold_bounds
+from hwr_tools.bench.goals import SOURCE_HASH_BOUND, WRITE_BOUND
+from hwr_tools.bench.goals import goals as goal_table
+from hwr_tools.bench.measure import PAGE_BYTES, LoadKind, RowSpec, touch_model
+from hwr_tools.bench.peers import PEERS, Peer, PeerFormat
+from hwr_tools.bench.report import markdown
+from hwr_tools.bench.row_names import (
     CANONICAL,
     CANONICAL_HUB,
     COLD_BACKGROUND,
@@ -42,13 +44,11 @@ from host_weight_runtime.tools.bench.names import (
     WARM_VERIFY_OFF,
     WARM_VERIFY_ON,
 )
-from host_weight_runtime.tools.bench.peers import PEERS, Peer, PeerFormat
-from host_weight_runtime.tools.bench.report import markdown
-from host_weight_runtime.tools.bench.runner import BenchReport
-from host_weight_runtime.tools.bench.setup import huge_tmpfs, unavailable_peers
-from host_weight_runtime.tools.bench.worker import ENV_PROFILE
-from host_weight_runtime.tools.memory import mapped_memory, merged_spans, weights_pss
-from host_weight_runtime.tools.synthetic_models import (
+from hwr_tools.bench.runner import BenchReport
+from hwr_tools.bench.setup import huge_tmpfs, unavailable_peers
+from hwr_tools.bench.worker import ENV_PROFILE
+from hwr_tools.memory import mapped_memory, merged_spans, weights_pss
+from hwr_tools.synthetic_models import (
     TRANSFORMER_SUBFOLDER,
     build_model,
     save_flux_pipeline_folder,
@@ -531,7 +531,7 @@ def test_bench_tensor_parallel_rows(bench_run: tuple[int, Path]) -> None:
 def _bench_until_paused(workdir: str, conn: Connection) -> None:
     """A child that runs a tiny benchmark and stops, reporting, just before the first row is measured."""
     from host_weight_runtime._faults import Fault, FaultAction, arm
-    from host_weight_runtime.tools.bench.runner import BenchOptions, run_bench
+    from hwr_tools.bench.runner import BenchOptions, run_bench
 
     def pause(_point: str) -> None:
         conn.send(("paused", os.getpid()))

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from host_weight_runtime.tools.bench.goals import WARM_VS_VIEWS_TARGET
-from host_weight_runtime.tools.bench.goals import goals as goal_table
-from host_weight_runtime.tools.bench.names import (
+from hwr_tools.bench.goals import WARM_VS_VIEWS_TARGET
+from hwr_tools.bench.goals import goals as goal_table
+from hwr_tools.bench.row_names import (
     VIEWS_HUGE,
     VIEWS_POPULATE_SHM,
     VIEWS_SHM,

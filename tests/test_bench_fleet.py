@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from host_weight_runtime.remote import push_artifact
-from host_weight_runtime.tools.bench.fleet import measure_fleet
-from host_weight_runtime.tools.bench.goals import goals as goal_table
-from host_weight_runtime.tools.bench.names import REMOTE_FILE, REMOTE_S3
+from hwr_tools.bench.fleet import measure_fleet
+from hwr_tools.bench.goals import goals as goal_table
+from hwr_tools.bench.row_names import REMOTE_FILE, REMOTE_S3
 
 from .remote_support import Node
 

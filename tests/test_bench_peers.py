@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from host_weight_runtime.tools.bench.peers import (
+from hwr_tools.bench.peers import (
     PEERS,
     REFERENCE_PEERS,
     Peer,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from host_weight_runtime.tools.bench.pipeline_rows import (
+from hwr_tools.bench.pipeline_rows import (
     CANONICAL,
     PIPELINE_ROWS,
     TRANSFORMER_ONLY,

@@ -11,7 +11,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from host_weight_runtime.tools.bench.plots import MEMORY, TIME_TO_READY_COLD, TIME_TO_READY_HOT, series_id
+from hwr_tools.bench.plots import MEMORY, TIME_TO_READY_COLD, TIME_TO_READY_HOT, series_id
 
 MIB = 1 << 20
 SVG = "{http://www.w3.org/2000/svg}"
@@ -104,7 +104,7 @@ def test_plots_from_json_draw_a_bar_per_row_and_a_line_per_memory_group(tmp_path
 def test_memory_lines_grow_per_worker_only_for_private_copies(tmp_path: Path) -> None:
     """Canonical's 4 workers held 4 copies: its line rises from one copy at 1 worker; the warm row held one
     copy: its line stays flat (read from the path the SVG draws)."""
-    from host_weight_runtime.tools.bench.plots import draw_charts
+    from hwr_tools.bench.plots import draw_charts
 
     (tmp_path / "out").mkdir()
     draw_charts(_results(), tmp_path / "out")
@@ -173,7 +173,7 @@ RESULTS = sorted(
 def test_plots_of_every_committed_result(tmp_path: Path, results: Path) -> None:
     """Every full results JSON in benchmarks/results draws: one bar per row measured hot, and one memory line
     per row measured as a concurrent group, so the charts follow the shape `hwr bench` really writes."""
-    from host_weight_runtime.tools.bench.plots import draw_charts
+    from hwr_tools.bench.plots import draw_charts
 
     data = json.loads(results.read_text(encoding="utf-8"))
     written = draw_charts(data, tmp_path)

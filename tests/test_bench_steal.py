@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from host_weight_runtime.tools.bench.steal import (
+from hwr_tools.bench.steal import (
     EXTRA_ATTEMPTS,
     QUIET_TICKS,
     Attempts,
@@ -130,7 +130,7 @@ def test_the_summary_counts_reruns_and_names_the_worst_steal() -> None:
 
 
 def test_hwr_bench_judges_a_kept_run_by_its_recorded_steal_and_time_to_ready() -> None:
-    from host_weight_runtime.tools.bench.measurements import _disturbed
+    from hwr_tools.bench.measurements import _disturbed
 
     cpus, hz = os.cpu_count() or 1, os.sysconf("SC_CLK_TCK")
     # steal of a third of the run's CPU time, in this machine's ticks
@@ -141,7 +141,7 @@ def test_hwr_bench_judges_a_kept_run_by_its_recorded_steal_and_time_to_ready() -
 
 
 def test_the_hwr_bench_report_counts_reruns_and_disturbed_runs_over_hot_and_cold() -> None:
-    from host_weight_runtime.tools.bench.report import _steal_line
+    from hwr_tools.bench.report import _steal_line
 
     rows = {
         "canonical": {"hot": {"steal_ticks": [0, 1], "reruns": 0, "disturbed_runs": 0}},
@@ -163,10 +163,10 @@ def _heavy_ticks() -> int:
 
 
 def test_hwr_bench_reruns_a_disturbed_solo_run_in_a_new_worker_until_quiet_and_bounded(tmp_path: Path) -> None:
-    from host_weight_runtime.tools.bench.measure import LoadKind, RowSpec
-    from host_weight_runtime.tools.bench.measurements import Measurements
-    from host_weight_runtime.tools.bench.options import BenchOptions
-    from host_weight_runtime.tools.bench.rows import BenchRow
+    from hwr_tools.bench.measure import LoadKind, RowSpec
+    from hwr_tools.bench.measurements import Measurements
+    from hwr_tools.bench.options import BenchOptions
+    from hwr_tools.bench.rows import BenchRow
 
     class Scripted(Measurements):
         """Measurements whose new-worker run (the seam) returns scripted steal instead of spawning a worker."""

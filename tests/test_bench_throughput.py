@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from host_weight_runtime.tools.bench.throughput import measure_throughput
+from hwr_tools.bench.throughput import measure_throughput
 
 MIB = 1 << 20
 

@@ -9,8 +9,8 @@ import pytest
 
 from host_weight_runtime import cli
 from host_weight_runtime.cli.inspect import middle_cut
-from host_weight_runtime.tools.synthetic_hub import save_hub_snapshot
-from host_weight_runtime.tools.synthetic_pipelines import save_tiny_pipeline
+from hwr_tools.synthetic_hub import save_hub_snapshot
+from hwr_tools.synthetic_pipelines import save_tiny_pipeline
 
 from .test_cli_listing import _hwr
 

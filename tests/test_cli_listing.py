@@ -26,7 +26,7 @@ from host_weight_runtime.cli._output import age, size
 from host_weight_runtime.diffusion.loader import load_component
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import ResolutionOutcome
-from host_weight_runtime.tools.synthetic_models import save_hub_snapshot, save_pipeline_folder
+from hwr_tools.synthetic_models import save_hub_snapshot, save_pipeline_folder
 
 from ._adoption import KIND, SUBFOLDER, isolate_environment, save_variant_folder
 from ._diffusion import runtime_at

@@ -20,7 +20,7 @@ from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
 from host_weight_runtime.diffusion import ComponentLoadPath, load_component
 from host_weight_runtime.outcomes import ResolutionOutcome
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import (
+from hwr_tools.synthetic_models import (
     forward_inputs,
     run_forward,
     save_hub_snapshot,

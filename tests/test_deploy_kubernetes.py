@@ -17,8 +17,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from host_weight_runtime.tools.synthetic_hub import save_hub_snapshot
-from host_weight_runtime.tools.synthetic_pipelines import save_tiny_pipeline
+from hwr_tools.synthetic_hub import save_hub_snapshot
+from hwr_tools.synthetic_pipelines import save_tiny_pipeline
 
 from ._serve_support import SERVE_EXAMPLE
 

@@ -19,7 +19,7 @@ from host_weight_runtime.diffusion.background import BACKGROUND_NICE_INCREMENT
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import AttemptResult, ResolutionOutcome
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import save_pipeline_folder
+from hwr_tools.synthetic_models import save_pipeline_folder
 
 from ._tiny_flux import canonical_flux, flux_forward, isolate_environment
 from .support import recv_within, spawned_child

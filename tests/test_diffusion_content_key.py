@@ -21,7 +21,7 @@ from host_weight_runtime.diffusion import ComponentLoadPath, LoadedComponent, lo
 from host_weight_runtime.diffusion._source_snapshot import key_content_id
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
-from host_weight_runtime.tools.synthetic_models import save_hub_snapshot, save_pipeline_folder
+from hwr_tools.synthetic_models import save_hub_snapshot, save_pipeline_folder
 
 from ._tiny_flux import (  # noqa: F401 - fixtures the tests take
     KIND,

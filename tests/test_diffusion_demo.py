@@ -14,9 +14,9 @@ import pytest
 from rich.console import Console
 
 from host_weight_runtime import cli
-from host_weight_runtime.tools import demo_diffusers as flux_demo
-from host_weight_runtime.tools.demo_diffusers import FluxDemoReport, FluxDemoRow, report_table, summary_line
-from host_weight_runtime.tools.demo_store import DemoError
+from hwr_tools import demo_diffusers as flux_demo
+from hwr_tools.demo_diffusers import FluxDemoReport, FluxDemoRow, report_table, summary_line
+from hwr_tools.demo_store import DemoError
 
 SIZE_MIB = "8"
 WEIGHTED = ("text_encoder", "text_encoder_2", "transformer", "vae")

@@ -23,7 +23,7 @@ from host_weight_runtime.diffusion import ComponentLoadPath, load_component, pre
 from host_weight_runtime.diffusion._source_prehash import SourcePrehash, cores_free_beside_load
 from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import (
+from hwr_tools.synthetic_models import (
     save_hub_snapshot,
     save_pipeline_folder,
 )

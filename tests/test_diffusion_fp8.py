@@ -28,7 +28,7 @@ from host_weight_runtime.diffusion.contracts import FinalLayoutParallelIdentity
 from host_weight_runtime.diffusion.parallel.plan import localize_module
 from host_weight_runtime.diffusion.representation import quantize_model_fp8
 from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
-from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
+from hwr_tools.synthetic_models import forward_inputs, run_forward
 
 from ._diffusion import DIT, Folder, runtime_at, save_folder
 from ._tp_children import rank_contexts

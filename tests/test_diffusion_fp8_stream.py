@@ -52,7 +52,7 @@ from host_weight_runtime.lease import HostWeightLease
 from host_weight_runtime.manifest import WeightManifest
 from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward, save_flux_pipeline_folder
+from hwr_tools.synthetic_models import forward_inputs, run_forward, save_flux_pipeline_folder
 
 from ._diffusion import DIT, Folder, runtime_at, save_folder
 from ._encoders import save_encoder

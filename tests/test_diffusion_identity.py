@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from host_weight_runtime.canonical_json import CanonicalJson, JsonValue
-from host_weight_runtime.diffusion import build_skeleton, models
+from host_weight_runtime.diffusion import build_skeleton, model_contracts
 from host_weight_runtime.diffusion.contracts import (
     FINAL_LAYOUT_BF16_POLICY,
     FINAL_LAYOUT_BF16_SPEC,
@@ -44,7 +44,7 @@ from host_weight_runtime.diffusion.source_identity import PreparedWeightSource, 
 from host_weight_runtime.failures import FailureCode, HostWeightError
 from host_weight_runtime.identity import AdaptationIdentity, RuntimeWeightLayout
 from host_weight_runtime.tensors import TensorKind
-from host_weight_runtime.tools.synthetic_models import MODEL_KINDS, build_model, save_pipeline_folder, tiny_spec
+from hwr_tools.synthetic_models import MODEL_KINDS, build_model, save_pipeline_folder, tiny_spec
 
 from .support import recv_within, spawned_child
 
@@ -381,13 +381,13 @@ def _factor_key(
     if factor in requests:
         return _identity(model, source, request=requests[factor]).identity.key
     if factor == "contract-version":
-        current = models.FIRST_CLASS_CONTRACTS["FluxTransformer2DModel"]
+        current = model_contracts.FIRST_CLASS_CONTRACTS["FluxTransformer2DModel"]
         bumped = dataclasses.replace(
             current, implementation=ImplementationIdentity(current.implementation.implementation_id, "2", "9" * 64)
         )
         with monkeypatch.context() as patch:
             patch.setattr(
-                models, "FIRST_CLASS_CONTRACTS", {**models.FIRST_CLASS_CONTRACTS, current.model_class_name: bumped}
+                model_contracts, "FIRST_CLASS_CONTRACTS", {**model_contracts.FIRST_CLASS_CONTRACTS, current.model_class_name: bumped}
             )
             return _identity(model, source).identity.key
     if factor == "source-content":
@@ -836,15 +836,15 @@ def test_model_without_a_restore_contract_cannot_build_an_identity(
         _identity(model, _source(folder))
     assert _refusal(refused) == {"model_class": type(model).__qualname__}
     with pytest.raises(HostWeightError):
-        models.contract_for_model(model)
+        model_contracts.contract_for_model(model)
 
 
 @pytest.mark.parametrize("kind", MODEL_KINDS)
 def test_first_class_models_get_their_contract(kind: str, fp32_models: dict[str, torch.nn.Module]) -> None:
     """D08: Flux, Flux2, MiniMax-H3, SD3 and Wan resolve to their first-class contracts."""
     model = fp32_models[kind]
-    contract = models.contract_for_model(model)
-    assert contract is models.FIRST_CLASS_CONTRACTS[type(model).__name__]
+    contract = model_contracts.contract_for_model(model)
+    assert contract is model_contracts.FIRST_CLASS_CONTRACTS[type(model).__name__]
     assert contract.first_class
     assert contract.keep_in_fp32_modules == tuple(getattr(type(model), "_keep_in_fp32_modules", None) or ())
 
@@ -864,10 +864,10 @@ def test_first_class_contract_disagreeing_with_the_class_is_refused(
         _identity(changed_class, _source(folders["flux"]))
     assert _refusal(refused) == {"model_class": "FluxTransformer2DModel"}
 
-    wan = models.FIRST_CLASS_CONTRACTS["WanTransformer3DModel"]
+    wan = model_contracts.FIRST_CLASS_CONTRACTS["WanTransformer3DModel"]
     reviewed = dataclasses.replace(wan, keep_in_fp32_modules=tuple(m for m in wan.keep_in_fp32_modules if m != "norm3"))
     monkeypatch.setattr(
-        models, "FIRST_CLASS_CONTRACTS", {**models.FIRST_CLASS_CONTRACTS, wan.model_class_name: reviewed}
+        model_contracts, "FIRST_CLASS_CONTRACTS", {**model_contracts.FIRST_CLASS_CONTRACTS, wan.model_class_name: reviewed}
     )
     with pytest.raises(HostWeightError) as refused_wan:
         _identity(fp32_models["wan"], _source(folders["wan"]))
@@ -924,7 +924,7 @@ def test_other_diffusers_models_get_a_generic_contract(
     """D08: any other diffusers ModelMixin gets a generic (not first-class) contract and builds a complete identity."""
     model: Any = build()
     model.save_pretrained(tmp_path / "pipeline" / "transformer", safe_serialization=True)
-    contract = models.contract_for_model(model)
+    contract = model_contracts.contract_for_model(model)
     assert isinstance(contract, FinalLayoutModelContract)
     assert not contract.first_class
     assert contract.implementation.implementation_id == f"diffusers.{type(model).__name__}"

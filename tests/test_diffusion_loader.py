@@ -20,7 +20,7 @@ import torch
 
 from host_weight_runtime import cli
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
-from host_weight_runtime.diffusion import ComponentLoadPath, LoadedComponent, load_component, models
+from host_weight_runtime.diffusion import ComponentLoadPath, LoadedComponent, load_component, model_contracts
 from host_weight_runtime.diffusion.contracts import FinalLayoutParallelIdentity
 from host_weight_runtime.failures import FailureCode, HostWeightError, ResolutionStage
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
@@ -31,7 +31,7 @@ from host_weight_runtime.outcomes import (
     ResolutionOutcome,
 )
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import save_hub_snapshot
+from hwr_tools.synthetic_models import save_hub_snapshot
 
 from ._tiny_flux import (  # noqa: F401 - fixtures the tests take
     MODEL_CLASS,
@@ -328,11 +328,11 @@ def _rejecting_contract(monkeypatch: pytest.MonkeyPatch) -> None:
     the key) is unchanged, because the validator takes no part in it."""
 
     def reject(model: torch.nn.Module) -> None:
-        raise models.ModelNotReadyError(f"{type(model).__name__} refused by the test")
+        raise model_contracts.ModelNotReadyError(f"{type(model).__name__} refused by the test")
 
-    original = models.FIRST_CLASS_CONTRACTS[MODEL_CLASS]
+    original = model_contracts.FIRST_CLASS_CONTRACTS[MODEL_CLASS]
     monkeypatch.setitem(
-        models.FIRST_CLASS_CONTRACTS,
+        model_contracts.FIRST_CLASS_CONTRACTS,
         MODEL_CLASS,
         dataclasses.replace(original, validator=reject),
     )

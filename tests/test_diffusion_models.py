@@ -31,7 +31,7 @@ from host_weight_runtime.diffusion import (
 from host_weight_runtime.failures import FailureCode, HostWeightError
 from host_weight_runtime.lease import HostWeightLease
 from host_weight_runtime.outcomes import PostLoadPublicationStatus, ResolutionOutcome
-from host_weight_runtime.tools.synthetic_models import MODEL_KINDS, forward_inputs, run_forward, tiny_spec
+from hwr_tools.synthetic_models import MODEL_KINDS, forward_inputs, run_forward, tiny_spec
 
 from ._diffusion import DIT, Folder, Pipeline, all_tensors, identity_context, publish_canonical, runtime_at, save_folder
 from .support import recv_within, spawned_child
@@ -240,3 +240,19 @@ def test_commit_runs_the_validator_and_reports_restore_failed(tmp_path: Path) ->
             plan.commit()
     assert raised.value.code is FailureCode.RESTORE_FAILED
     assert isinstance(raised.value.__cause__, ModelNotReadyError)
+
+
+# The contracts' fingerprints enter every artifact key of their classes, so they are pinned.
+GOLDEN_CONTRACT_FINGERPRINTS = {
+    "Flux2Transformer2DModel": "aeb37a9961315fab2e5e749d67570d7b2396bb9518b0777040fe72b9643e320a",
+    "FluxTransformer2DModel": "6b00b1439be0c28a427ac4c396f33aec68e71c6f865552fa83b92a0b7ce64ab1",
+    "MiniMaxH3Transformer3DModel": "744a9f7c1be6a8f9dd20b9e339c4361b428b780bce78e7ec1040a916fe9dbe08",
+    "SD3Transformer2DModel": "e6f83b31beb4639c911a0952e4df6f18ab43225e069d29d32ccb795d1c43ac6d",
+    "WanTransformer3DModel": "75b804524879984c37edcf7fb9eddb055e602c54a0339376324e57b1182ff5ae",
+}
+
+
+def test_first_class_contract_fingerprints_are_pinned() -> None:
+    """D13: each first-class contract's implementation fingerprint (part of the artifact key) is unchanged."""
+    found = {name: contract.implementation.fingerprint for name, contract in FIRST_CLASS_CONTRACTS.items()}
+    assert found == GOLDEN_CONTRACT_FINGERPRINTS

@@ -38,7 +38,7 @@ from host_weight_runtime.protocols import (
 )
 from host_weight_runtime.runtime import HostWeightRuntime
 from host_weight_runtime.tensors import TensorKind
-from host_weight_runtime.tools.synthetic_models import build_model, forward_inputs, run_forward
+from hwr_tools.synthetic_models import build_model, forward_inputs, run_forward
 
 from ._diffusion import (
     DIT,

@@ -17,7 +17,7 @@ from host_weight_runtime.diffusion._load_options import LoadOptions
 from host_weight_runtime.diffusion.canonical_step import load_canonical_for
 from host_weight_runtime.diffusion.component_source import ComponentLocation
 from host_weight_runtime.diffusion.contracts import FinalLayoutParallelIdentity
-from host_weight_runtime.diffusion.diffusers_family import DIFFUSERS_FAMILY, DiffusersFamily
+from host_weight_runtime.diffusion.family_diffusers import DIFFUSERS_FAMILY, DiffusersFamily
 from host_weight_runtime.diffusion.resolve_step import resolve_component
 from host_weight_runtime.diffusion.restore_step import restore_or_fall_back
 from host_weight_runtime.diffusion.skeleton import identify_component, prepare_skeleton

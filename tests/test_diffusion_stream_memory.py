@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from host_weight_runtime.tools.synthetic_models import save_flux_pipeline_folder
+from hwr_tools.synthetic_models import save_flux_pipeline_folder
 
 from .support import recv_within, spawned_child
 

@@ -15,7 +15,7 @@ import torch
 
 from host_weight_runtime._faults import Fault, FaultAction, armed, disarm_all
 from host_weight_runtime.diffusion import prewarm_component
-from host_weight_runtime.tools.synthetic_models import save_flux_pipeline_folder
+from hwr_tools.synthetic_models import save_flux_pipeline_folder
 
 from ._diffusion import runtime_at
 

@@ -36,7 +36,7 @@ from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import ResolutionOutcome, StoreResult, StoreStatus
 from host_weight_runtime.protocols import BuildRequest
 from host_weight_runtime.tensors import ValidationLevel
-from host_weight_runtime.tools.preimported import preimported_context
+from hwr_tools.preimported import preimported_context
 
 from ._diffusion import DIT, Folder, Pipeline, identity_context, runtime_at, save_folder
 from ._tp_children import bundle_crash_child, rank_contexts

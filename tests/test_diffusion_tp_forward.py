@@ -28,8 +28,8 @@ from host_weight_runtime.diffusion import (
 )
 from host_weight_runtime.diffusion.parallel.ranks import localize_for_rank
 from host_weight_runtime.failures import FailureCode, HostWeightError
-from host_weight_runtime.tools.preimported import preimported_context
-from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
+from hwr_tools.preimported import preimported_context
+from hwr_tools.synthetic_models import forward_inputs, run_forward
 
 from ._diffusion import Folder, save_folder
 from ._tp_children import rank_contexts

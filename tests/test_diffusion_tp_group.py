@@ -18,8 +18,8 @@ from host_weight_runtime.config import RuntimeMode
 from host_weight_runtime.diffusion import plan_for_model, prewarm_tensor_parallel, resolve_tensor_shards
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.outcomes import ResolutionOutcome
-from host_weight_runtime.tools.preimported import preimported_context
-from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward
+from hwr_tools.preimported import preimported_context
+from hwr_tools.synthetic_models import forward_inputs, run_forward
 
 from ._diffusion import DIT, Folder, runtime_at, save_folder
 from ._tp_children import group_child

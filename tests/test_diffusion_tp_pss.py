@@ -20,7 +20,7 @@ from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.identity import WeightArtifactIdentity
 from host_weight_runtime.protocols import BuildRequest
 from host_weight_runtime.tensors import ValidationLevel
-from host_weight_runtime.tools.preimported import preimported_context
+from hwr_tools.preimported import preimported_context
 
 from ._diffusion import Folder, save_folder
 from ._tp_children import rank_contexts

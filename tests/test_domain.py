@@ -30,7 +30,7 @@ from host_weight_runtime.filesystem.domain import (
 )
 from host_weight_runtime.filesystem.locks import acquire_lock
 from host_weight_runtime.protocols import CoordinationScope
-from host_weight_runtime.tools.preimported import preimported_context
+from hwr_tools.preimported import preimported_context
 
 from .support import recv_within, spawned_child
 

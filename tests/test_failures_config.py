@@ -38,7 +38,7 @@ from host_weight_runtime.failures import (
 from host_weight_runtime.filesystem._prefault import prefault_enabled
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
 from host_weight_runtime.tensors import ValidationLevel
-from host_weight_runtime.tools.preimported import preimported_context
+from hwr_tools.preimported import preimported_context
 
 CHILD_TIMEOUT_S = 120.0
 SPAWN = preimported_context()

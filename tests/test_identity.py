@@ -143,6 +143,39 @@ def test_golden_key_for_a_fixed_identity() -> None:
     assert WeightArtifactIdentity.from_canonical_json(GOLDEN_BYTES) == identity
 
 
+# Keys of identities that set every field away from its default, computed before the records shared one codec.
+GOLDEN_VARIANT_KEYS = {
+    "tp2-rank1": "15e2038849d10ec5853bb8f790a8f474274d837af70c5081535591da53301393",
+    "sp2-ulysses": "fb21178025fe9369d0d8ceef84d99605a3b4c8fb0c9b35d952cb3b91edb42694",
+    "lora": "e7490630d3995a5403b9d610fc6a599e22b6c308ae6e085f62ae467675b20e27",
+    "unicode-meta": "394198d84666aef23126de6a74a630f70f1c7ed028f4e82ecd75c9bddc742247",
+}
+
+
+def _variant(name: str) -> WeightArtifactIdentity:
+    if name == "tp2-rank1":
+        return make_identity(tp_size=2, tp_rank=1)
+    if name == "sp2-ulysses":
+        return make_identity(sp_size=2, sp_backend="ulysses")
+    if name == "lora":
+        merged = AdaptationIdentity(
+            kind="lora-merged", fingerprint="d" * 64, metadata=CanonicalJson.from_value({"scale": 1})
+        )
+        return make_identity(adaptation=merged)
+    return make_identity(source_metadata={"n\u00e9": [1, -2, {"z": None, "a": True}], "s": "\u2603"})
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_VARIANT_KEYS))
+def test_golden_keys_of_identities_off_the_defaults(name: str) -> None:
+    """C03: TP and SP coordinates, a merged adapter and non-ASCII metadata keep their pinned keys, and
+    the canonical bytes read back to the same identity."""
+    identity = _variant(name)
+    assert identity.key == GOLDEN_VARIANT_KEYS[name]
+    again = WeightArtifactIdentity.from_canonical_json(identity.canonical_json())
+    assert again == identity
+    assert again.key == identity.key
+
+
 def test_key_does_not_depend_on_metadata_dict_order() -> None:
     """C03: metadata given in different insertion orders yields the same key."""
     forward = make_identity(source_metadata={"a": 1, "b": {"x": [1, 2], "y": None}, "c": "z"})

@@ -17,7 +17,7 @@ import pytest
 
 from host_weight_runtime.failures import FailureCode, HostWeightError, ResolutionStage
 from host_weight_runtime.filesystem.locks import FileLock, acquire_lock, try_lock
-from host_weight_runtime.tools.preimported import preimported_context
+from hwr_tools.preimported import preimported_context
 
 from .support import recv_within, spawned_child
 

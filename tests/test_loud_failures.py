@@ -18,7 +18,7 @@ from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
 from host_weight_runtime.diffusion import ComponentHandling, HostWeightUsageError, load_component, load_pipeline
 from host_weight_runtime.outcomes import ResolutionOutcome
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_pipelines import save_tiny_pipeline
+from hwr_tools.synthetic_pipelines import save_tiny_pipeline
 
 from ._pipelines import artifact_keys, copy_pipeline, edit_model_index, runtime_at
 from .test_pipeline_loader import _pickle_only_vae

@@ -22,7 +22,7 @@ from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
 from host_weight_runtime.diffusion import load_component
 from host_weight_runtime.failures import FailureCode, HostWeightError, HostWeightUsageError
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import build_model, save_model_folder
+from hwr_tools.synthetic_models import build_model, save_model_folder
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 INDEX = "diffusion_pytorch_model.safetensors.index.json"

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from host_weight_runtime import FailureCode, HostWeightError, ResolutionStage, register_metrics
-from host_weight_runtime._resolution.reports import REPORT_ATTRIBUTE, RESOLVE_LOGGER
+from host_weight_runtime._resolution.resolve_reports import REPORT_ATTRIBUTE, RESOLVE_LOGGER
 from host_weight_runtime.config import HostWeightRuntimeConfig
 from host_weight_runtime.failures import failure
 from host_weight_runtime.metrics import record_restore

@@ -25,7 +25,7 @@ from host_weight_runtime.diffusion import (
     prewarm_pipeline,
 )
 from host_weight_runtime.outcomes import ResolutionOutcome
-from host_weight_runtime.tools.synthetic_models import build_model, save_hub_snapshot, save_model_folder
+from hwr_tools.synthetic_models import build_model, save_hub_snapshot, save_model_folder
 
 from ._pipelines import (
     PIPELINES,

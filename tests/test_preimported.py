@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from host_weight_runtime.tools.preimported import PRELOADED_MODULES, preimported_context
+from hwr_tools.preimported import PRELOADED_MODULES, preimported_context
 
 from .support import CHILD_TIMEOUT_S, reaped_children, recv_within
 

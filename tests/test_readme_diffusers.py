@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from host_weight_runtime.tools.synthetic_models import save_pipeline_folder
+from hwr_tools.synthetic_models import save_pipeline_folder
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 EXAMPLE_MODEL = '"black-forest-labs/FLUX.1-dev"'
@@ -49,7 +49,7 @@ def test_readme_diffusers_example_runs_as_written(tmp_path: Path) -> None:
 def test_readme_pipeline_example_runs_as_written(tmp_path: Path) -> None:
     """P01/P02: the README's load_pipeline example, with the repo id swapped for a tiny real Flux pipeline folder:
     the first fresh process loads every weighted component canonically (and publishes), the second hits each."""
-    from host_weight_runtime.tools.synthetic_pipelines import save_tiny_pipeline
+    from hwr_tools.synthetic_pipelines import save_tiny_pipeline
 
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.DOTALL)
     chosen = [block for block in blocks if "load_pipeline(" in block]

@@ -25,8 +25,8 @@ from host_weight_runtime.diffusion import HostWeightUsageError, load_component, 
 from host_weight_runtime.outcomes import ResolutionOutcome
 from host_weight_runtime.remote import ArtifactName, FsspecArtifactProvider, NameIndexEntry
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import save_hub_snapshot
-from host_weight_runtime.tools.synthetic_pipelines import save_tiny_pipeline
+from hwr_tools.synthetic_models import save_hub_snapshot
+from hwr_tools.synthetic_pipelines import save_tiny_pipeline
 
 from ._pipelines import image
 from .remote_support import MotoEndpoint, Remote, assert_bitwise_equal, moto_endpoint

@@ -39,7 +39,7 @@ from host_weight_runtime.diffusion import (
 from host_weight_runtime.outcomes import ResolutionOutcome
 from host_weight_runtime.remote import ArtifactName, FsspecArtifactProvider, NameIndexEntry, pull_by_name
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import save_hub_snapshot
+from hwr_tools.synthetic_models import save_hub_snapshot
 
 from ._diffusion import DIT, Folder, save_folder
 from .remote_support import (

@@ -22,7 +22,7 @@ import torch
 from host_weight_runtime import FailureCode, HostWeightError, LeaseSource, ResolutionOutcome, ResolutionStage
 from host_weight_runtime.diffusion import ComponentLoadPath, load_component
 from host_weight_runtime.outcomes import AttemptResult, PostLoadPublicationStatus
-from host_weight_runtime.tools.synthetic_models import forward_inputs, run_forward, save_pipeline_folder, tiny_spec
+from hwr_tools.synthetic_models import forward_inputs, run_forward, save_pipeline_folder, tiny_spec
 
 from .remote_support import MotoEndpoint, Remote, assert_bitwise_equal, make_remote, moto_endpoint, use_aws_environment
 from .support import recv_within, spawned_child

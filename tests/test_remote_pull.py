@@ -24,7 +24,7 @@ from host_weight_runtime import FilesystemHostWeightStore, ValidationLevel
 from host_weight_runtime.manifest import WeightManifest
 from host_weight_runtime.remote import ArtifactName, NameIndexEntry
 from host_weight_runtime.remote.names import name_of_manifest_metadata
-from host_weight_runtime.tools.synthetic_models import save_hub_snapshot, save_pipeline_folder
+from hwr_tools.synthetic_models import save_hub_snapshot, save_pipeline_folder
 
 from .remote_support import assert_bitwise_equal
 

@@ -20,7 +20,7 @@ from host_weight_runtime.diffusion.tensor_layout import discover_tensor_ownershi
 from host_weight_runtime.failures import HostWeightError
 from host_weight_runtime.outcomes import ResolutionOutcome
 from host_weight_runtime.runtime import HostWeightRuntime
-from host_weight_runtime.tools.synthetic_models import save_pipeline_folder, tiny_spec
+from hwr_tools.synthetic_models import save_pipeline_folder, tiny_spec
 
 from ._diffusion import all_tensors
 
@@ -137,7 +137,7 @@ def test_the_transformers_policy_follows_the_models_own_dtype_plan() -> None:
     """P03/P04: the plan is read from the instance as from_pretrained reads it (`_keep_in_fp32_modules` at FP16,
     `_keep_in_fp32_modules_strict` at FP16 and BF16, nothing at FP32), matched by search in the name; every
     other tensor keeps the dtype the model was built with (a streamed tensor too, whatever the checkpoint holds)."""
-    from host_weight_runtime.diffusion.models import contract_for_model
+    from host_weight_runtime.diffusion.model_contracts import contract_for_model
 
     from ._encoders import ENCODERS, model_class
 

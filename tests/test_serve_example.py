@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 
 from host_weight_runtime import FilesystemHostWeightStore
-from host_weight_runtime.tools.bench.serve import stop_service
-from host_weight_runtime.tools.memory import mapped_file_memory, total_mapped_memory
-from host_weight_runtime.tools.synthetic_pipelines import save_tiny_pipeline
+from hwr_tools.bench.serve import stop_service
+from hwr_tools.memory import mapped_file_memory, total_mapped_memory
+from hwr_tools.synthetic_pipelines import save_tiny_pipeline
 from tests._serve_support import CALL_KWARGS, SERVE_EXAMPLE, make_lora
 
 pytestmark = pytest.mark.slow

@@ -19,8 +19,8 @@ import torch
 
 from host_weight_runtime import FilesystemHostWeightStore, ResolutionOutcome, ValidationLevel
 from host_weight_runtime.diffusion import load_component, load_pipeline
-from host_weight_runtime.tools.memory import MappedMemory, mapped_file_memory
-from host_weight_runtime.tools.synthetic_pipelines import save_tiny_pipeline
+from hwr_tools.memory import MappedMemory, mapped_file_memory
+from hwr_tools.synthetic_pipelines import save_tiny_pipeline
 from tests._diffusion import runtime_at
 from tests._serve_support import generate, make_lora
 

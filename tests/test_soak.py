@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from host_weight_runtime.tools.soak import ACTIONS, SoakOptions, main, run_soak
+from hwr_tools.soak import ACTIONS, SoakOptions, main, run_soak
 
 
 def test_a_short_soak_does_every_action_and_finds_no_violation(tmp_path: Path) -> None:

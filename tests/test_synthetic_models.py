@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from host_weight_runtime.tools.synthetic_models import (
+from hwr_tools.synthetic_models import (
     MODEL_KINDS,
     build_model,
     flux_config_for_bytes,
@@ -158,7 +158,7 @@ def test_every_saved_tensor_is_seeded_and_no_output_layer_stays_zero(kind: str) 
 def test_builds_are_identical_in_another_process_with_one_thread() -> None:
     code = (
         "import hashlib, json, torch\n"
-        "from host_weight_runtime.tools.synthetic_models import MODEL_KINDS, build_model\n"
+        "from hwr_tools.synthetic_models import MODEL_KINDS, build_model\n"
         "torch.set_num_threads(1)\n"
         "def digest(model):\n"
         "    h = hashlib.sha256()\n"

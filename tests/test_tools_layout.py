@@ -1,25 +1,38 @@
-"""C08: the tools room (`hwr demo`, `hwr bench`, synthetic models) uses the product only through its public API.
+"""C08: the tools (`hwr demo`, `hwr bench`, soak, synthetic models) are a package of their own that uses the runtime
+only through its public API, and the runtime does not import them.
 
-`host_weight_runtime.diffusion` holds only the product's adapters; the benchmark, demo and
-synthetic-model code lives in `host_weight_runtime.tools`, which the product never imports.
-A static scan of every tools source file (function bodies and importlib calls included)
-checks that each name it takes from the product is exported by `host_weight_runtime` or
-`host_weight_runtime.diffusion` (`__all__`), the named fault seams of `_faults` aside.
+The benchmark, soak, demo and synthetic-model code lives in `hwr_tools` (tools/src, installed by `make setup`),
+outside the `host_weight_runtime` import tree, so a worker imports only the runtime. A static scan of every
+tools source file (function bodies and importlib calls included) checks that each name it takes from the
+runtime is exported by `host_weight_runtime` or `host_weight_runtime.diffusion` (`__all__`), the named fault
+seams of `_faults` aside. The runtime reaches the tools only inside the two commands that run them
+(`hwr bench`, `hwr demo`), lazily.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import host_weight_runtime
+import hwr_tools
 
 PACKAGE = "host_weight_runtime"
 PACKAGE_DIR = Path(host_weight_runtime.__file__).resolve().parent
-TOOLS = f"{PACKAGE}.tools"
+TOOLS = "hwr_tools"
+TOOLS_DIR = Path(hwr_tools.__file__).resolve().parent
+# The targeted measurements time the runtime's own steps (they wrap its private functions by name), so they
+# alone may reach past the public API; everything else in the tools is held to it.
+STUDIES = f"{TOOLS}.studies"
+# The commands that run the tools; they import them inside the command, never at module level.
+TOOL_COMMANDS = frozenset({f"{PACKAGE}.cli.bench", f"{PACKAGE}.cli.demo"})
 DIFFUSION = f"{PACKAGE}.diffusion"
 CLI = f"{PACKAGE}.cli"
 # Fault seams are named on purpose so tools and tests can reach them (STYLE: fault injection).
@@ -77,14 +90,14 @@ def public_names(package_dir: Path = PACKAGE_DIR, package: str = PACKAGE) -> Pub
     }
 
 
-# The store's remove_tree (a public name of the store room, not of the front door), taken by tools/common.py
+# The store's remove_tree (a public name of the store room, not of the front door), taken by hwr_tools/common.py
 # so that no tool keeps a copy; the only exception, named exactly.
 STORE_HELPERS = frozenset({f"{PACKAGE}.filesystem.remove_tree"})
 
 
 def _module_allowed(name: str, package: str) -> bool:
     """A whole module a tool may import: another tool, or the fault seams."""
-    return _within(name, f"{package}.tools") or name == f"{package}._faults"
+    return _within(name, TOOLS) or name == f"{package}._faults"
 
 
 def scan_tool_source(
@@ -104,7 +117,7 @@ def scan_tool_source(
                 target = f"{base}.{alias.name}"
                 if _module_allowed(target, package) or alias.name in public.get(base, frozenset()):
                     continue
-                if target in STORE_HELPERS and module == f"{package}.tools.common":
+                if target in STORE_HELPERS and module == f"{TOOLS}.common":
                     continue
                 found.append(Violation(module, node.lineno, target))
             continue
@@ -130,10 +143,11 @@ def _sources_under(folder: Path) -> list[Path]:
 
 
 def test_tools_import_only_the_public_api() -> None:
-    """C08: every tools module takes from the product only names its two public `__init__` files export."""
+    """C08: every tools module (the targeted measurements of `hwr_tools.studies` aside) takes from the product only
+    names its two public `__init__` files export."""
     public = public_names()
-    tools = _sources_under(PACKAGE_DIR / "tools")
-    modules = {module_name_for(p) for p in tools}
+    tools = [p for p in _sources_under(TOOLS_DIR) if not _within(module_name_for(p, TOOLS_DIR, TOOLS), STUDIES)]
+    modules = {module_name_for(p, TOOLS_DIR, TOOLS) for p in tools}
     assert {f"{TOOLS}.demo_store", f"{TOOLS}.demo_diffusers", f"{TOOLS}.synthetic_models", f"{TOOLS}.bench.runner"} <= (
         modules
     ), "the scan did not see the tools"
@@ -141,42 +155,73 @@ def test_tools_import_only_the_public_api() -> None:
         str(v)
         for path in tools
         for v in scan_tool_source(
-            path.read_text(encoding="utf-8"), module_name_for(path), path.name == "__init__.py", public
+            path.read_text(encoding="utf-8"), module_name_for(path, TOOLS_DIR, TOOLS), path.name == "__init__.py", public
         )
     ]
     assert violations == []
 
 
-def test_only_tools_hold_bench_demo_and_synthetic_modules() -> None:
-    """C08: no module outside `host_weight_runtime.tools` (the diffusion adapters included) is tooling.
+def test_no_runtime_module_is_tooling() -> None:
+    """C08: no module of `host_weight_runtime` (the diffusion adapters included) is a benchmark, demo or synthetic model.
 
     The CLI's command modules (`cli/bench.py`, `cli/demo.py`) are named after their commands and only parse
     and print; they are the one place allowed to import the tools."""
-    outside = [
-        module_name_for(p)
-        for p in _sources_under(PACKAGE_DIR)
-        if not _within(module_name_for(p), TOOLS) and not _within(module_name_for(p), CLI)
+    modules = [module_name_for(p) for p in _sources_under(PACKAGE_DIR)]
+    assert any(_within(m, DIFFUSION) for m in modules), "the scan did not see the diffusion adapters"
+    tooling = [
+        m
+        for m in modules
+        if not _within(m, CLI) and any(word in part.lower() for part in m.split(".") for word in TOOLING_WORDS)
     ]
-    assert any(_within(m, DIFFUSION) for m in outside), "the scan did not see the diffusion adapters"
-    tooling = [m for m in outside if any(word in part.lower() for part in m.split(".") for word in TOOLING_WORDS)]
     assert tooling == []
+    assert not (PACKAGE_DIR / "tools").exists()
 
 
-def test_product_never_imports_the_tools() -> None:
-    """C08: core and diffusion adapters never import `host_weight_runtime.tools`, not even lazily; only the CLI package runs them."""
-    imports: list[str] = []
+def tool_imports(source: str, module: str, is_package: bool) -> list[tuple[int, bool]]:
+    """Each import of `hwr_tools` in `source`: (line, whether it runs at module import)."""
+    tree = ast.parse(source)
+    top_level = {id(node) for node in tree.body}
+    found: list[tuple[int, bool]] = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [_resolve_from(module, is_package, node.level, node.module)]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            first = node.args[0] if node.args else None
+            if called in IMPORT_FUNCTIONS and isinstance(first, ast.Constant) and isinstance(first.value, str):
+                names = [first.value]
+        if any(_within(name, TOOLS) for name in names):
+            found.append((node.lineno, id(node) in top_level))
+    return found
+
+
+def test_runtime_imports_the_tools_only_inside_their_commands() -> None:
+    """C08: no runtime module imports `hwr_tools`, not even lazily, but `hwr bench` and `hwr demo` inside the command."""
+    bad: list[str] = []
+    seen: set[str] = set()
     for path in _sources_under(PACKAGE_DIR):
         module = module_name_for(path)
-        if _within(module, TOOLS) or _within(module, CLI):
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                imports.extend(f"{module}:{node.lineno} {a.name}" for a in node.names if _within(a.name, TOOLS))
-            elif isinstance(node, ast.ImportFrom):
-                base = _resolve_from(module, path.name == "__init__.py", node.level, node.module)
-                targets = [base, *(f"{base}.{a.name}" for a in node.names)]
-                imports.extend(f"{module}:{node.lineno} {t}" for t in targets if _within(t, TOOLS))
-    assert imports == []
+        for line, eager in tool_imports(path.read_text(encoding="utf-8"), module, path.name == "__init__.py"):
+            seen.add(module)
+            if module not in TOOL_COMMANDS or eager:
+                bad.append(f"{module}:{line}")
+    assert bad == []
+    assert seen == TOOL_COMMANDS, "the scan did not see the two commands' imports"
+
+
+def test_tool_import_scan_can_fail() -> None:
+    """C08: an eager import, a lazy one and an importlib call of the tools are each found, a look-alike is not."""
+    source = (
+        "import hwr_tools.soak\n"
+        "def f():\n    from hwr_tools.bench.runner import run_bench\n"
+        "import importlib\nimportlib.import_module('hwr_tools.demo_store')\n"
+        "import hwr_tools_like\n"
+    )
+    assert tool_imports(source, f"{PACKAGE}.x", False) == [(1, True), (3, False), (5, False)]
 
 
 _PUBLIC: PublicNames = {PACKAGE: frozenset({"HostWeightRuntime"}), DIFFUSION: frozenset({"load_component"})}
@@ -185,9 +230,9 @@ _PUBLIC: PublicNames = {PACKAGE: frozenset({"HostWeightRuntime"}), DIFFUSION: fr
 @pytest.mark.parametrize(
     ("source", "module", "is_package", "expected"),
     [
-        ("from ..filesystem._fsutil import remove_tree", f"{TOOLS}.demo", False,
+        ("from host_weight_runtime.filesystem._fsutil import remove_tree", f"{TOOLS}.demo", False,
          f"{PACKAGE}.filesystem._fsutil.remove_tree"),
-        ("from ...runtime import HostWeightRuntime", f"{TOOLS}.bench.runner", False,
+        ("from host_weight_runtime.runtime import HostWeightRuntime", f"{TOOLS}.bench.runner", False,
          f"{PACKAGE}.runtime.HostWeightRuntime"),
         ("from host_weight_runtime.tensors import SAFETENSORS_DTYPES", f"{TOOLS}.x", False,
          f"{PACKAGE}.tensors.SAFETENSORS_DTYPES"),
@@ -196,9 +241,9 @@ _PUBLIC: PublicNames = {PACKAGE: frozenset({"HostWeightRuntime"}), DIFFUSION: fr
          f"{DIFFUSION}.loader.build_skeleton"),
         ("from host_weight_runtime.diffusion import prewarm_component", f"{TOOLS}.x", False,
          f"{DIFFUSION}.prewarm_component"),
-        ("from .. import runtime", f"{TOOLS}", True, f"{PACKAGE}.runtime"),
+        ("from host_weight_runtime import runtime", f"{TOOLS}", True, f"{PACKAGE}.runtime"),
         ("from host_weight_runtime import *", f"{TOOLS}.x", False, f"{PACKAGE}.*"),
-        ("def f():\n    from ..diffusion import loader\n", f"{TOOLS}.x", False, f"{DIFFUSION}.loader"),
+        ("def f():\n    from host_weight_runtime.diffusion import loader\n", f"{TOOLS}.x", False, f"{DIFFUSION}.loader"),
         ("import host_weight_runtime.config", f"{TOOLS}.x", False, f"{PACKAGE}.config"),
         ("import host_weight_runtime", f"{TOOLS}.x", False, PACKAGE),
         ("import importlib\nimportlib.import_module('host_weight_runtime.lease')", f"{TOOLS}.x", False,
@@ -215,13 +260,13 @@ def test_scanner_flags_private_imports(source: str, module: str, is_package: boo
     [
         ("from host_weight_runtime import HostWeightRuntime", f"{TOOLS}.x", False),
         ("from host_weight_runtime.diffusion import load_component", f"{TOOLS}.bench.measure", False),
-        ("from ..diffusion import load_component", f"{TOOLS}.x", False),
+        ("from host_weight_runtime.diffusion import load_component", f"{TOOLS}.x", False),
         ("from host_weight_runtime._faults import fault_point", f"{TOOLS}.bench.runner", False),
-        ("from .. import _faults", f"{TOOLS}.x", False),
+        ("from host_weight_runtime import _faults", f"{TOOLS}.x", False),
         ("from ..common import remove_tree", f"{TOOLS}.bench.runner", False),
         ("from . import common", f"{TOOLS}", True),
         ("from .demo_store import _terminate_as_exit", f"{TOOLS}.demo_diffusers", False),
-        ("import host_weight_runtime.tools.bench.worker", f"{TOOLS}.x", False),
+        ("import hwr_tools.bench.worker", f"{TOOLS}.x", False),
         ("import torch\nfrom diffusers import ModelMixin", f"{TOOLS}.x", False),
         ("import host_weight_runtime_like", f"{TOOLS}.x", False),
     ],
@@ -237,3 +282,22 @@ def test_public_names_are_read_from_both_init_files() -> None:
     assert public[PACKAGE] == frozenset(host_weight_runtime.__all__)
     assert "load_component" in public[DIFFUSION]
     assert "load_component" not in public[PACKAGE]
+
+
+@pytest.mark.parametrize("command", [["demo", "--synthetic"], ["bench", "--quick"]])
+def test_a_tools_command_without_the_tools_says_how_to_install_them(command: list[str]) -> None:
+    """C08: `hwr demo` / `hwr bench` where `hwr_tools` cannot be imported exit 2 naming `make setup` and the pip install."""
+    child = (
+        "import sys\n"
+        "sys.modules['hwr_tools'] = None  # as if the tools package were not installed\n"
+        "from host_weight_runtime.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE_DIR.parent)}
+    done = subprocess.run(
+        [sys.executable, "-c", child, *command, "--json"], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    message = json.loads(done.stdout)["error"]["message"]
+    assert "make setup" in message
+    assert "pip install -e tools" in message

@@ -16,7 +16,7 @@ from host_weight_runtime.config import RuntimeMode
 from host_weight_runtime.diffusion import load_component, prewarm_tensor_parallel
 from host_weight_runtime.failures import HostWeightUsageError
 from host_weight_runtime.outcomes import ResolutionOutcome
-from host_weight_runtime.tools.synthetic_models import save_hub_snapshot
+from hwr_tools.synthetic_models import save_hub_snapshot
 
 from ._encoders import ENCODERS, canonical, every_tensor, model_class, runtime_at
 

@@ -250,7 +250,7 @@ def test_real_enospc_through_load_component_publishes_nothing_then_recovers(tmp_
     between the capacity check and the allocation: the model still loads canonically, the post-load publication
     fails typed (NO_SPACE), nothing is published or left in tmp/; with the space freed the next load publishes."""
     from host_weight_runtime.diffusion import load_component
-    from host_weight_runtime.tools.synthetic_models import build_model, save_model_folder
+    from hwr_tools.synthetic_models import build_model, save_model_folder
 
     folder = save_model_folder(build_model("flux"), tmp_path / "model")
     with capped_tmpfs(tmp_path / "mnt") as mount_point:

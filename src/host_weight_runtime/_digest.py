@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Protocol
 
-from .canonical_json import encode_canonical
+from .canonical_json import canonical_sha256
 
 DIGEST_CHUNK_BYTES = 8 * 1024 * 1024
 _FILE_TAG = b"hwr/file-v1\x00"
@@ -253,4 +253,4 @@ def file_digest(header_digest: str, tensor_digests_in_offset_order: Iterable[str
 def content_digest(entries: Iterable[tuple[str, str, tuple[int, ...], str]]) -> str:
     """Digest of (name, dtype, shape, digest) for every tensor, independent of file split."""
     rows = sorted([name, dtype, list(shape), digest] for name, dtype, shape, digest in entries)
-    return hashlib.sha256(encode_canonical(rows)).hexdigest()
+    return canonical_sha256(rows)

@@ -92,6 +92,16 @@ def encode_canonical(value: object) -> bytes:
         raise ValueError(f"canonical JSON text must be valid Unicode (no lone surrogates): {exc}") from exc
 
 
+def canonical_sha256(value: object) -> str:
+    """Hex SHA-256 of `value`'s canonical bytes: the one way a document's digest (a key, a fingerprint) is made."""
+    return hashlib.sha256(encode_canonical(value)).hexdigest()
+
+
+def canonical_sha256_trusted(value: JsonValue) -> str:
+    """`canonical_sha256` of a value this package built from validated, typed fields (`encode_canonical_trusted`)."""
+    return hashlib.sha256(_encode_decoded(value)).hexdigest()
+
+
 def _encode_decoded(value: JsonValue) -> bytes:
     """Canonical bytes of a value that `decode_json` produced (already JSON-native, so unchecked)."""
     try:

@@ -6,8 +6,9 @@ import enum
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from ._strict import get_bool, get_json, get_str, require_json_field, require_record
+from ._records import Boolean, EnumValue, Field, Json, RecordSpec, Text
 from .canonical_json import CanonicalJson, JsonValue
 
 
@@ -68,6 +69,18 @@ class FailureCode(str, enum.Enum):
 class HostWeightFailure:
     """A failure as a value: code, stage, retryability, a message that says what to do, details."""
 
+    SPEC: ClassVar[RecordSpec] = RecordSpec(
+        "HostWeightFailure",
+        "failure",
+        (
+            Field("stage", EnumValue(ResolutionStage)),
+            Field("code", EnumValue(FailureCode)),
+            Field("retryable", Boolean()),
+            Field("message", Text(allow_empty=True)),
+            Field("details", Json()),
+        ),
+    )
+
     stage: ResolutionStage
     code: FailureCode
     retryable: bool
@@ -75,36 +88,14 @@ class HostWeightFailure:
     details: CanonicalJson = field(default_factory=CanonicalJson.empty)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.stage, ResolutionStage):
-            raise ValueError("HostWeightFailure.stage must be a ResolutionStage")
-        if not isinstance(self.code, FailureCode):
-            raise ValueError("HostWeightFailure.code must be a FailureCode")
-        if type(self.retryable) is not bool:
-            raise ValueError("HostWeightFailure.retryable must be a bool")
-        if type(self.message) is not str:
-            raise ValueError("HostWeightFailure.message must be a str")
-        require_json_field(self.details, "HostWeightFailure.details")
+        self.SPEC.check(self)
 
     def to_dict(self) -> dict[str, JsonValue]:
-        return {
-            "stage": self.stage.value,
-            "code": self.code.value,
-            "retryable": self.retryable,
-            "message": self.message,
-            "details": self.details.to_value(),
-        }
+        return self.SPEC.encode(self)
 
     @classmethod
     def from_dict(cls, value: object) -> HostWeightFailure:
-        where = "failure"
-        obj = require_record(value, frozenset({"stage", "code", "retryable", "message", "details"}), where)
-        return cls(
-            stage=ResolutionStage(get_str(obj, "stage", where)),
-            code=FailureCode(get_str(obj, "code", where)),
-            retryable=get_bool(obj, "retryable", where),
-            message=get_str(obj, "message", where),
-            details=get_json(obj, "details", where),
-        )
+        return cls(**cls.SPEC.decode(value))
 
     def with_stage(self, stage: ResolutionStage) -> HostWeightFailure:
         return HostWeightFailure(stage, self.code, self.retryable, self.message, self.details)

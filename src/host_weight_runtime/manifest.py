@@ -14,18 +14,10 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from ._strict import (
-    get_int,
-    get_int_tuple,
-    get_json,
-    get_list,
-    get_str,
-    require_exact_keys,
-    require_json_field,
-    require_object,
-    require_record,
-)
+from ._records import EnumValue, Field, Integer, IntPair, Ints, Json, Nested, Records, RecordSpec, Text, Texts
+from ._strict import get_list, require_json_field, require_object, require_record
 from .canonical_json import CanonicalJson, JsonValue, decode_json, encode_canonical, is_canonical
 from .identity import WeightArtifactIdentity
 from .tensors import TensorKind, contiguous_strides, itemsize_of_code, numel_of
@@ -86,7 +78,26 @@ def _hex_digest(value: str, where: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class TensorManifestEntry:
-    """One tensor: where it lives, what it is, and the digest of its bytes."""
+    """One tensor: where it lives, what it is, and the digest of its bytes.
+
+    The field types are checked by the invariants below, which name the tensor (a manifest holds many).
+    """
+
+    SPEC: ClassVar[RecordSpec] = RecordSpec(
+        "TensorManifestEntry",
+        "manifest.tensors[]",
+        (
+            Field("name", Text()),
+            Field("file", Text()),
+            Field("dtype", Text()),
+            Field("shape", Ints()),
+            Field("strides", Ints()),
+            Field("data_offsets", IntPair()),
+            Field("kind", EnumValue(TensorKind)),
+            Field("role", Text(allow_empty=True)),
+            Field("digest", Text()),
+        ),
+    )
 
     name: str
     file: str
@@ -134,42 +145,28 @@ class TensorManifestEntry:
         return self.data_offsets[1] - self.data_offsets[0]
 
     def to_dict(self) -> dict[str, JsonValue]:
-        return {
-            "name": self.name,
-            "file": self.file,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "strides": list(self.strides),
-            "data_offsets": list(self.data_offsets),
-            "kind": self.kind.value,
-            "role": self.role,
-            "digest": self.digest,
-        }
+        return self.SPEC.encode(self)
 
     @classmethod
     def from_dict(cls, value: object) -> TensorManifestEntry:
-        where = "manifest.tensors[]"
-        keys = frozenset({"name", "file", "dtype", "shape", "strides", "data_offsets", "kind", "role", "digest"})
-        obj = require_record(value, keys, where)
-        offsets = get_int_tuple(obj, "data_offsets", where)
-        if len(offsets) != 2:
-            raise ValueError(f"{where}.data_offsets must have two integers")
-        return cls(
-            name=get_str(obj, "name", where),
-            file=get_str(obj, "file", where),
-            dtype=get_str(obj, "dtype", where),
-            shape=get_int_tuple(obj, "shape", where),
-            strides=get_int_tuple(obj, "strides", where),
-            data_offsets=(offsets[0], offsets[1]),
-            kind=TensorKind(get_str(obj, "kind", where)),
-            role=get_str(obj, "role", where),
-            digest=get_str(obj, "digest", where),
-        )
+        return cls(**cls.SPEC.decode(value))
 
 
 @dataclass(frozen=True, slots=True)
 class FileManifestEntry:
-    """One payload file: exact size, header size and the digest of all its bytes."""
+    """One payload file: exact size, header size and the digest of all its bytes (types checked below, by name)."""
+
+    SPEC: ClassVar[RecordSpec] = RecordSpec(
+        "FileManifestEntry",
+        "manifest.files[]",
+        (
+            Field("name", Text()),
+            Field("size", Integer()),
+            Field("header_size", Integer()),
+            Field("digest", Text()),
+            Field("tensors", Texts()),
+        ),
+    )
 
     name: str
     size: int
@@ -188,51 +185,38 @@ class FileManifestEntry:
             raise ValueError(f"file {self.name}: tensors must be a tuple of tensor names")
 
     def to_dict(self) -> dict[str, JsonValue]:
-        return {
-            "name": self.name,
-            "size": self.size,
-            "header_size": self.header_size,
-            "digest": self.digest,
-            "tensors": list(self.tensors),
-        }
+        return self.SPEC.encode(self)
 
     @classmethod
     def from_dict(cls, value: object) -> FileManifestEntry:
-        where = "manifest.files[]"
-        obj = require_record(value, frozenset({"name", "size", "header_size", "digest", "tensors"}), where)
-        names = get_list(obj, "tensors", where)
-        if any(type(item) is not str for item in names):
-            raise ValueError(f"{where}.tensors must hold strings")
-        return cls(
-            name=get_str(obj, "name", where),
-            size=get_int(obj, "size", where),
-            header_size=get_int(obj, "header_size", where),
-            digest=get_str(obj, "digest", where),
-            tensors=tuple(str(item) for item in names),
-        )
-
-
-_MANIFEST_KEYS = frozenset(
-    {
-        "schema_version",
-        "identity",
-        "identity_key",
-        "producer_schema",
-        "restorer_schema",
-        "format_metadata",
-        "digest_algorithm",
-        "digest_chunk_bytes",
-        "files",
-        "tensors",
-        "content_digest",
-        "total_bytes",
-    }
-)
+        return cls(**cls.SPEC.decode(value))
 
 
 @dataclass(frozen=True, slots=True)
 class WeightManifest:
-    """Everything a reader needs to validate an artifact and map its tensors."""
+    """Everything a reader needs to validate an artifact and map its tensors.
+
+    `identity_key` and `total_bytes` are derived: written from the identity and the files, and checked on reading.
+    """
+
+    SPEC: ClassVar[RecordSpec] = RecordSpec(
+        "WeightManifest",
+        "manifest",
+        (
+            Field("schema_version", Integer()),
+            Field("identity", Nested(WeightArtifactIdentity)),
+            Field("identity_key", Text(), derived=True),
+            Field("producer_schema", Text()),
+            Field("restorer_schema", Text()),
+            Field("format_metadata", Json()),
+            Field("digest_algorithm", Text()),
+            Field("digest_chunk_bytes", Integer()),
+            Field("files", Records(FileManifestEntry)),
+            Field("tensors", Records(TensorManifestEntry)),
+            Field("content_digest", Text()),
+            Field("total_bytes", Integer(), derived=True),
+        ),
+    )
 
     identity: WeightArtifactIdentity
     producer_schema: str
@@ -289,49 +273,27 @@ class WeightManifest:
         return self._by_name[name]
 
     def to_dict(self) -> dict[str, JsonValue]:
-        return {
-            "schema_version": self.schema_version,
-            "identity": self.identity.to_dict(),
-            "identity_key": self.identity_key,
-            "producer_schema": self.producer_schema,
-            "restorer_schema": self.restorer_schema,
-            "format_metadata": self.format_metadata.to_value(),
-            "digest_algorithm": self.digest_algorithm,
-            "digest_chunk_bytes": self.digest_chunk_bytes,
-            "files": [entry.to_dict() for entry in self.files],
-            "tensors": [entry.to_dict() for entry in self.tensors],
-            "content_digest": self.content_digest,
-            "total_bytes": self.total_bytes,
-        }
+        return self.SPEC.encode(self)
 
     def to_bytes(self) -> bytes:
         return encode_canonical(self.to_dict())
 
     @classmethod
     def from_dict(cls, value: object) -> WeightManifest:
-        obj = require_record(value, _MANIFEST_KEYS, "manifest")
-        files = get_list(obj, "files", "manifest")
-        tensors = get_list(obj, "tensors", "manifest")
+        spec = cls.SPEC
+        obj = require_record(value, spec.keys, spec.where)
+        files = get_list(obj, "files", spec.where)
+        tensors = get_list(obj, "tensors", spec.where)
         if len(files) > MAX_MANIFEST_FILES or len(tensors) > MAX_MANIFEST_TENSORS:
             raise ValueError(
                 f"manifest lists {len(files)} files and {len(tensors)} tensors; the limits are "
                 f"{MAX_MANIFEST_FILES} and {MAX_MANIFEST_TENSORS}"
             )
-        manifest = cls(
-            schema_version=get_int(obj, "schema_version", "manifest"),
-            identity=WeightArtifactIdentity.from_dict(obj["identity"]),
-            producer_schema=get_str(obj, "producer_schema", "manifest"),
-            restorer_schema=get_str(obj, "restorer_schema", "manifest"),
-            format_metadata=get_json(obj, "format_metadata", "manifest"),
-            digest_algorithm=get_str(obj, "digest_algorithm", "manifest"),
-            digest_chunk_bytes=get_int(obj, "digest_chunk_bytes", "manifest"),
-            files=tuple(FileManifestEntry.from_dict(item) for item in files),
-            tensors=tuple(TensorManifestEntry.from_dict(item) for item in tensors),
-            content_digest=get_str(obj, "content_digest", "manifest"),
-        )
-        if get_str(obj, "identity_key", "manifest") != manifest.identity_key:
+        values = spec.read(obj)
+        manifest = cls(**spec.arguments(values))
+        if values["identity_key"] != manifest.identity_key:
             raise ValueError("manifest identity_key does not match its identity")
-        if get_int(obj, "total_bytes", "manifest") != manifest.total_bytes:
+        if values["total_bytes"] != manifest.total_bytes:
             raise ValueError("manifest total_bytes does not match its files")
         return manifest
 
@@ -358,6 +320,19 @@ class WeightManifest:
 class PublicationMarker:
     """READY.json: written last; names the exact manifest bytes of this publication."""
 
+    SPEC: ClassVar[RecordSpec] = RecordSpec(
+        "PublicationMarker",
+        "READY",
+        (
+            Field("schema_version", Integer()),
+            Field("identity_key", Text()),
+            Field("publication_id", Text()),
+            Field("manifest_sha256", Text()),
+            Field("content_digest", Text()),
+            Field("published_at_ns", Integer()),
+        ),
+    )
+
     identity_key: str
     publication_id: str
     manifest_sha256: str
@@ -377,14 +352,7 @@ class PublicationMarker:
             raise ValueError("READY published_at_ns must be a non-negative integer")
 
     def to_dict(self) -> dict[str, JsonValue]:
-        return {
-            "schema_version": self.schema_version,
-            "identity_key": self.identity_key,
-            "publication_id": self.publication_id,
-            "manifest_sha256": self.manifest_sha256,
-            "content_digest": self.content_digest,
-            "published_at_ns": self.published_at_ns,
-        }
+        return self.SPEC.encode(self)
 
     def to_bytes(self) -> bytes:
         return encode_canonical(self.to_dict())
@@ -392,25 +360,7 @@ class PublicationMarker:
     @classmethod
     def from_bytes(cls, data: bytes) -> PublicationMarker:
         obj = require_object(decode_json(CanonicalJson(data).data), "READY")
-        keys = frozenset(
-            {
-                "schema_version",
-                "identity_key",
-                "publication_id",
-                "manifest_sha256",
-                "content_digest",
-                "published_at_ns",
-            }
-        )
-        require_exact_keys(obj, keys, "READY")
-        return cls(
-            schema_version=get_int(obj, "schema_version", "READY"),
-            identity_key=get_str(obj, "identity_key", "READY"),
-            publication_id=get_str(obj, "publication_id", "READY"),
-            manifest_sha256=get_str(obj, "manifest_sha256", "READY"),
-            content_digest=get_str(obj, "content_digest", "READY"),
-            published_at_ns=get_int(obj, "published_at_ns", "READY"),
-        )
+        return cls(**cls.SPEC.decode(obj))
 
 
 def manifest_sha256(data: bytes) -> str:

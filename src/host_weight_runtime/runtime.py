@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 from ._resolution.checks import check_identity, check_producer, deadline_from
 from ._resolution.decisions import ALWAYS_FATAL, may_fall_back
 from ._resolution.pipeline import run_resolution
-from ._resolution.publication import post_load_publication
+from ._resolution.post_load_publication import post_load_publication
 from ._resolution.remote_push import RemotePublisher
-from ._resolution.reports import ResolveConclusion, publication_report, resolution_report
+from ._resolution.resolve_reports import ResolveConclusion, publication_report, resolution_report
 from ._resolution.store_calls import StoreFactory, StoreOpener, default_store_factory
 from .config import HostWeightRuntimeConfig, RuntimeMode
 from .failures import FailureCode, HostWeightFailure, ResolutionStage, failure

@@ -18,12 +18,12 @@ from ..failures import FailureCode, HostWeightFailure, ResolutionStage, failure
 from ..identity import WeightArtifactIdentity
 from ..outcomes import AttemptAction, AttemptResult, ResolutionAttempt
 from ..protocols import RemoteArtifactProvider, WeightProducer
-from .build import local_build
 from .decisions import StageVerdict, after_last_stage, stage_action
-from .lookup import local_lookup
-from .remote import remote_import
-from .reports import ResolveConclusion, attempt_of, conclude_with_lease, conclude_without_lease
+from .resolve_reports import ResolveConclusion, attempt_of, conclude_with_lease, conclude_without_lease
 from .stage import ResolveStage, StageContext, StageOutcome
+from .stage_build import local_build
+from .stage_lookup import local_lookup
+from .stage_remote import remote_import
 from .store_calls import StoreAcquirer
 
 __all__ = ["RESOLVE_STAGES", "run_resolution"]

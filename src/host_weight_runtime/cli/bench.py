@@ -12,6 +12,7 @@ from rich.text import Text
 
 from ._command import Subcommands, add_command, positive_float, positive_int
 from ._output import EXIT_OK, UsageError, add_json_option, print_json, stderr_console, stdout_console
+from ._tools import tools_needed
 
 __all__ = ["register", "run"]
 
@@ -101,9 +102,10 @@ def run(args: argparse.Namespace) -> int:
         return _plots_from_json(args)
     if args.serve:
         return _run_serve(args)
-    # The application layer may use the adapters; the core never does (C08).
-    from ..tools.bench.report import markdown, result_path
-    from ..tools.bench.runner import BenchOptions, run_bench
+    # The tools are their own package, imported only here (C08).
+    with tools_needed("bench"):
+        from hwr_tools.bench.report import markdown, result_path
+        from hwr_tools.bench.runner import BenchOptions, run_bench
 
     defaults = BenchOptions.quick() if args.quick else BenchOptions()
     options = dataclasses.replace(
@@ -173,7 +175,8 @@ def _draw(data: dict[str, Any], out_dir: Path | None) -> tuple[Path, ...]:
     """Draw the charts of `data` into `out_dir` when one was asked for; say which files were written."""
     if out_dir is None:
         return ()
-    from ..tools.bench.plots import ChartError, draw_charts
+    with tools_needed("bench"):
+        from hwr_tools.bench.plots import ChartError, draw_charts
 
     try:
         written = draw_charts(data, out_dir)
@@ -187,8 +190,9 @@ def _draw(data: dict[str, Any], out_dir: Path | None) -> tuple[Path, ...]:
 
 def _run_serve(args: argparse.Namespace) -> int:
     """`hwr bench --serve`: the serving benchmark's rows and goals, written next to the other results."""
-    from ..tools.bench.report import result_path
-    from ..tools.bench.serve import ServeBenchOptions, run_serve_bench, serve_markdown
+    with tools_needed("bench"):
+        from hwr_tools.bench.report import result_path
+        from hwr_tools.bench.serve import ServeBenchOptions, run_serve_bench, serve_markdown
 
     out_dir: Path = args.out if args.out is not None else _default_results_dir()
     if not out_dir.is_dir():

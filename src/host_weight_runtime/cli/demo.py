@@ -19,6 +19,7 @@ from ._output import (
     stderr_console,
     stdout_console,
 )
+from ._tools import tools_needed
 
 __all__ = ["register", "run"]
 
@@ -51,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_synthetic(args: argparse.Namespace) -> int:
-    from ..tools.demo_store import DEFAULT_SIZE_MIB, DemoError, run_demo, summary_line
+    with tools_needed("demo"):
+        from hwr_tools.demo_store import DEFAULT_SIZE_MIB, DemoError, run_demo, summary_line
 
     size_mib = args.size_mib if args.size_mib is not None else DEFAULT_SIZE_MIB
     try:
@@ -97,9 +99,10 @@ def _run_synthetic(args: argparse.Namespace) -> int:
 
 
 def _run_flux(args: argparse.Namespace) -> int:
-    # The application layer may use the adapters; the core never does (C08).
-    from ..tools.demo_diffusers import DEFAULT_SIZE_MIB, failure_reason, report_table, run_demo, summary_line
-    from ..tools.demo_store import DemoError
+    # The tools are their own package, imported only here (C08).
+    with tools_needed("demo"):
+        from hwr_tools.demo_diffusers import DEFAULT_SIZE_MIB, failure_reason, report_table, run_demo, summary_line
+        from hwr_tools.demo_store import DemoError
 
     size_mib = args.size_mib if args.size_mib is not None else DEFAULT_SIZE_MIB
     try:

@@ -21,7 +21,7 @@ from .contracts import (
     ImplementationIdentity,
     implementation_abi_fingerprint,
 )
-from .diffusers_family import build_skeleton
+from .family_diffusers import build_skeleton
 from .fp8 import (
     FINAL_LAYOUT_FP8_POLICY,
     FINAL_LAYOUT_FP8_SPEC,
@@ -31,9 +31,10 @@ from .fp8 import (
     FP8Linear,
 )
 from .identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity
+from .load_reports import ComponentLoadPath, PrewarmResult
 from .loaded import LoadedComponent
 from .loader import load_component, prewarm_component
-from .models import FIRST_CLASS_CONTRACTS, ModelNotReadyError, contract_for_model
+from .model_contracts import FIRST_CLASS_CONTRACTS, ModelNotReadyError, contract_for_model
 from .parallel.bundle import FinalLayoutBF16BundleProducer
 from .parallel.fp8_bundle import FinalLayoutFP8BundleProducer
 from .parallel.loader import prewarm_tensor_parallel
@@ -60,7 +61,6 @@ from .pipeline_loader import (
 from .producers import FinalLayoutBF16CheckpointProducer, FinalLayoutBF16Producer
 from .producers.fp8_checkpoint import FinalLayoutFP8CheckpointProducer
 from .producers.fp8_stream import FP8StreamCast
-from .reports import ComponentLoadPath, PrewarmResult
 from .restorer import FinalLayoutTensorRestorePlan, FinalLayoutTensorRestorer
 from .source_identity import NodeSourceDigestCache, PreparedWeightSource, WeightSourceKind, prepare_weight_source
 from .tensor_layout import FinalLayoutTensor, TensorOwnership, discover_tensor_ownership

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import hashlib
 import logging
 import os
 import re
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._faults import fault_point
-from ..canonical_json import CanonicalJson, JsonValue, decode_json, encode_canonical
+from ..canonical_json import CanonicalJson, JsonValue, canonical_sha256, decode_json, encode_canonical
 from ..failures import HostWeightError, ResolutionStage
 from ..filesystem import read_small_file, write_file_atomic
 from ..filesystem.locks import acquire_lock
@@ -62,7 +61,7 @@ def _entry_body(realpath: str, state: FileState) -> dict[str, JsonValue]:
 
 def _entry_bytes(realpath: str, state: FileState, digest: str) -> bytes:
     body = {**_entry_body(realpath, state), "digest": digest}
-    return encode_canonical({**body, "entry_sha256": hashlib.sha256(encode_canonical(body)).hexdigest()})
+    return encode_canonical({**body, "entry_sha256": canonical_sha256(body)})
 
 
 def _parse_entry(data: bytes, expected: dict[str, JsonValue]) -> _EntryRead:
@@ -75,7 +74,7 @@ def _parse_entry(data: bytes, expected: dict[str, JsonValue]) -> _EntryRead:
     if not isinstance(value, dict) or set(value) != {*expected, "digest", "entry_sha256"}:
         return _EntryRead(_EntryVerdict.CORRUPT, reason="unexpected fields")
     checksum = value.pop("entry_sha256")
-    if not isinstance(checksum, str) or hashlib.sha256(encode_canonical(value)).hexdigest() != checksum:
+    if not isinstance(checksum, str) or canonical_sha256(value) != checksum:
         return _EntryRead(_EntryVerdict.CORRUPT, reason="its entry_sha256 does not match its content")
     digest = value.pop("digest")
     if not isinstance(digest, str) or not _SHA256_ID.fullmatch(digest):
@@ -107,7 +106,7 @@ class NodeSourceDigestCache:
 
     @staticmethod
     def _key(realpath: str, state: FileState) -> str:
-        return hashlib.sha256(encode_canonical({"realpath": realpath, **state.to_dict()})).hexdigest()
+        return canonical_sha256({"realpath": realpath, **state.to_dict()})
 
     def entry_path(self, path: Path, state: FileState) -> Path:
         """Where the entry for this file and state lives (for inspection and tests)."""
@@ -174,7 +173,7 @@ class NodeSourceDigestCache:
         replaced or moved has another key, so a marker never vouches for bytes it was not written for.
         """
         document = {"check": HEADER_CHECK_VERSION, "realpath": os.path.realpath(path), **state.to_dict()}
-        return self.headers / f"{hashlib.sha256(encode_canonical(document)).hexdigest()}.ok"
+        return self.headers / f"{canonical_sha256(document)}.ok"
 
     def header_checked(self, path: Path, state: FileState) -> bool:
         """Whether this file's header was checked in this state on this node; False where the cache is unusable."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -10,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._digest import default_hash_threads
-from ..canonical_json import JsonValue, encode_canonical
+from ..canonical_json import JsonValue, canonical_sha256
 from ..failures import FailureCode, HostWeightError, ResolutionStage, raise_failure
 from ._digest_cache import NodeSourceDigestCache
 from ._file_state import FileState, check_state, hash_file, stat_source
@@ -100,7 +99,7 @@ class FinalLayoutSourceContext:
             raise ValueError("FinalLayoutSourceContext.files must be a tuple of SourceFileRecord")
         if type(self.fingerprint) is not str or not _HEX64.fullmatch(self.fingerprint):
             raise ValueError("FinalLayoutSourceContext.fingerprint must be 64 lowercase hex characters")
-        if hashlib.sha256(encode_canonical(self.to_metadata())).hexdigest() != self.fingerprint:
+        if canonical_sha256(self.to_metadata()) != self.fingerprint:
             raise ValueError("FinalLayoutSourceContext.fingerprint does not match its sources; use snapshot_sources")
 
     def to_metadata(self) -> dict[str, JsonValue]:
@@ -239,5 +238,5 @@ def snapshot_sources(
         SourceFileRecord(index, path, sources[index].relative_name(path), state, content_id)
         for (index, path), (state, content_id) in zip(jobs, results, strict=True)
     )
-    fingerprint = hashlib.sha256(encode_canonical(sources_document(sources, records))).hexdigest()
+    fingerprint = canonical_sha256(sources_document(sources, records))
     return FinalLayoutSourceContext(sources, records, fingerprint)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from .._exit_wait import wait_at_exit
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
-from .reports import PrewarmResult
+from .load_reports import PrewarmResult
 
 __all__ = ["BACKGROUND_NICE_INCREMENT", "BackgroundPublication"]
 

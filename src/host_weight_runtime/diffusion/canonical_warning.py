@@ -13,8 +13,8 @@ from pathlib import Path
 
 from ..outcomes import AttemptResult, PostLoadPublicationStatus, ResolutionOutcome
 from .component_source import ComponentLocation
+from .load_reports import ComponentLoadPath
 from .loaded import LoadedComponent
-from .reports import ComponentLoadPath
 
 __all__ = ["CANONICAL_LOGGER", "canonical_reason", "warn_canonical_records", "warn_if_canonical"]
 

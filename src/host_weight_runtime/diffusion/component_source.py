@@ -19,7 +19,7 @@ from ..failures import HostWeightError, usage_error
 from ..runtime import HostWeightRuntime
 from ._file_state import FileState
 from ._load_options import LoadOptions
-from .diffusers_family import DIFFUSERS_FAMILY
+from .family_diffusers import DIFFUSERS_FAMILY
 from .family_transformers import TRANSFORMERS_FAMILY, is_transformers_config
 from .model_family import ImportClock, ModelFamily
 from .producers._checkpoint import CheckpointFormatError, read_safetensors_header

@@ -30,8 +30,8 @@ from ._load_options import LoadOptions
 from ._quiet_progress import quiet_transformers_progress
 from .dtype_policies import TRANSFORMERS_RESTORER_SCHEMA, ModelFamilyName
 from .identity_adapter import FinalLayoutIdentityContext
+from .model_contracts import is_transformers_model
 from .model_family import ImportClock
-from .models import is_transformers_model
 from .producers._checkpoint import read_safetensors_header
 from .restorer import FinalLayoutTensorRestorer, restore_error
 from .source_identity import PreparedWeightSource

@@ -31,7 +31,7 @@ from .contracts import (
     FinalLayoutTensorPolicy,
     policy_compute_dtype,
 )
-from .models import contract_for_model
+from .model_contracts import contract_for_model
 from .parallel.plan import TensorParallelPlan, TensorShard
 from .source_identity import (
     FinalLayoutSourceContext,

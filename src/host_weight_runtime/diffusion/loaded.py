@@ -13,8 +13,8 @@ from ..failures import HostWeightFailure
 from ..lease import HostWeightLease
 from ..outcomes import PostLoadPublicationReport, ResolutionOutcome, ResolutionReport
 from .background import BackgroundPublication
+from .load_reports import ComponentLoadPath
 from .model_family import ImportClock
-from .reports import ComponentLoadPath
 
 __all__ = ["LoadStopwatch", "LoadedComponent"]
 

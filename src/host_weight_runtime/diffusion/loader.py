@@ -37,7 +37,8 @@ from .canonical_step import load_canonical_at, load_canonical_for
 from .canonical_warning import warn_if_canonical
 from .component_source import ComponentLocation, needs_hashing, node_digest_cache
 from .contracts import FinalLayoutParallelIdentity
-from .diffusers_family import DIFFUSERS_FAMILY
+from .family_diffusers import DIFFUSERS_FAMILY
+from .load_reports import ComponentLoadPath, PrewarmResult, report_without_lookup
 from .load_runtime import required_runtime, runtime_for_load
 from .loaded import LoadedComponent, LoadStopwatch
 from .model_family import ImportClock, ModelFamily
@@ -45,7 +46,6 @@ from .named_source import NameLayout, check_index_key, checkpoint_or_named_sourc
 from .parallel.loader import load_tensor_parallel_component
 from .producers._shards import ProgressCallback
 from .publish_step import build_artifact, publish_after_canonical_load, start_background_publication
-from .reports import ComponentLoadPath, PrewarmResult, report_without_lookup
 from .representation import check_fp8_dtype, check_representation, fp8_skeleton
 from .resolve_step import resolve_component
 from .restore_step import restore_or_fall_back

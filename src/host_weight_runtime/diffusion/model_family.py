@@ -3,7 +3,7 @@
 Every step of a component load is the same for any family except a few points, which a family
 supplies: which class a folder's config names, how a `meta` skeleton is built, which library
 versions enter the loader identity, which checkpoint key feeds each model tensor and which
-names are tied, and how the canonical load reads the checkpoint. diffusers (`diffusers_family.py`)
+names are tied, and how the canonical load reads the checkpoint. diffusers (`family_diffusers.py`)
 and transformers (`family_transformers.py`) are the two families; `component_source.family_for_config`
 picks one from a folder's config.json.
 """

@@ -35,10 +35,10 @@ from ._prewarm_plan import check_something_to_prewarm
 from ._source_files import select_weight_files
 from .canonical_warning import warn_canonical_records
 from .component_source import ComponentLocation
+from .load_reports import PrewarmResult
 from .loaded import LoadedComponent
 from .loader import load_component, prewarm_component
 from .named_source import named_pipeline_root, wants_name
-from .reports import PrewarmResult
 
 __all__ = [
     "ComponentHandling",

@@ -14,11 +14,11 @@ from ..runtime import HostWeightRuntime
 from .background import BackgroundPublication
 from .fp8 import FinalLayoutFP8Producer
 from .identity_adapter import FinalLayoutIdentityContext
+from .load_reports import PrewarmResult
 from .load_runtime import required_runtime
 from .producers._shards import ProgressCallback
 from .producers.finalized import FinalLayoutBF16Producer
 from .producers.fp8_checkpoint import streaming_producer
-from .reports import PrewarmResult
 from .skeleton import ComponentSkeleton, IdentifiedComponent, identify_component
 
 __all__ = ["build_artifact", "publish_after_canonical_load", "require_safetensors", "start_background_publication"]

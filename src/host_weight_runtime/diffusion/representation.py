@@ -11,7 +11,7 @@ from ..failures import HostWeightError, usage_error
 from .contracts import FINAL_LAYOUT_BF16_POLICY, FinalLayoutTensorPolicy
 from .dtype_policies import ModelFamilyName
 from .fp8 import FINAL_LAYOUT_FP8_POLICY, fp8_linear_names, quantize_to_fp8
-from .models import contract_for_model
+from .model_contracts import contract_for_model
 from .skeleton import ComponentSkeleton
 
 __all__ = [

@@ -7,7 +7,6 @@ skeleton, which a restore then fills in place.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..canonical_json import encode_canonical
+from ..canonical_json import canonical_sha256
 from ..runtime import HostWeightRuntime
 from ._load_options import LoadOptions
 from ._ownership_plans import OWNERSHIP_PLANS, ownership_plan_key
@@ -42,8 +41,8 @@ from .identity_adapter import (
     discover_final_layout,
     model_contracts,
 )
+from .model_contracts import contract_for_model
 from .model_family import ImportClock, ModelFamily
-from .models import contract_for_model
 from .source_identity import PreparedWeightSource
 
 __all__ = [
@@ -111,7 +110,7 @@ def _json_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _digest(value: object) -> str:
-    return hashlib.sha256(encode_canonical(value)).hexdigest()
+    return canonical_sha256(value)
 
 
 def loader_identity(

@@ -7,13 +7,12 @@ The artifact owns every parameter and persistent buffer of the DiT modules, name
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ..canonical_json import CanonicalJson, JsonValue, encode_canonical_trusted
+from ..canonical_json import CanonicalJson, JsonValue, canonical_sha256_trusted
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage
 from ..protocols import TensorWriteSpec
 from ..tensors import TensorKind, dtype_code
@@ -123,9 +122,9 @@ def tensor_contract_digest(tensors: Sequence[FinalLayoutTensor], aliases: Sequen
     """SHA-256 over the sorted (name, kind, role, shape, dtype, stride) rows, and the aliases when there are any."""
     rows: list[JsonValue] = [tensor.to_dict() for tensor in sorted(tensors, key=lambda tensor: tensor.name)]
     if not aliases:  # the original contract document, so models without ties keep their keys
-        return hashlib.sha256(encode_canonical_trusted(rows)).hexdigest()  # rows of validated, typed fields
+        return canonical_sha256_trusted(rows)  # rows of validated, typed fields
     tied: list[JsonValue] = [alias.to_dict() for alias in sorted(aliases, key=lambda alias: alias.name)]
-    return hashlib.sha256(encode_canonical_trusted({"tensors": rows, "aliases": tied})).hexdigest()
+    return canonical_sha256_trusted({"tensors": rows, "aliases": tied})
 
 
 def _check_dit_names(dit_modules: Sequence[tuple[str, torch.nn.Module]]) -> None:

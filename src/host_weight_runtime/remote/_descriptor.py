@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
-from .._strict import get_int, get_list, get_str, require_exact_keys, require_object
+from .._records import Field, Integer, Nested, Records, RecordSpec, Text
+from .._strict import require_object
 from ..canonical_json import JsonValue, decode_json, encode_canonical, is_canonical
 from ..identity import WeightArtifactIdentity
 from ..manifest import MANIFEST_FILE_NAME, validate_file_name
@@ -48,24 +50,6 @@ MAX_DESCRIPTOR_BYTES = 1 << 20
 MAX_MANIFEST_BYTES = 64 << 20
 
 _HEX = re.compile(r"[0-9a-f]{64}")
-_KEYS = frozenset(
-    {
-        "schema",
-        "schema_version",
-        "identity",
-        "identity_key",
-        "manifest_sha256",
-        "manifest_size",
-        "content_sha256",
-        "files",
-        "total_bytes",
-        "provider_id",
-        "uploader",
-        "uploaded_at_ns",
-    }
-)
-
-
 def _hex(value: str, label: str) -> str:
     if type(value) is not str or _HEX.fullmatch(value) is None:
         raise ValueError(f"descriptor {label} must be a 64-character lowercase hex digest")
@@ -74,7 +58,11 @@ def _hex(value: str, label: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RemoteFileRecord:
-    """One payload object the descriptor promises, with its exact size."""
+    """One payload object the descriptor promises, with its exact size (types checked below, by name)."""
+
+    SPEC: ClassVar[RecordSpec] = RecordSpec(
+        "RemoteFileRecord", "descriptor.files[]", (Field("name", Text()), Field("size", Integer()))
+    )
 
     name: str
     size: int
@@ -85,19 +73,38 @@ class RemoteFileRecord:
             raise ValueError(f"descriptor file {self.name}: size must be an integer of at least 8 bytes")
 
     def to_dict(self) -> dict[str, JsonValue]:
-        return {"name": self.name, "size": self.size}
+        return self.SPEC.encode(self)
 
     @classmethod
     def from_dict(cls, value: object) -> RemoteFileRecord:
-        where = "descriptor.files[]"
-        obj = require_object(value, where)
-        require_exact_keys(obj, frozenset({"name", "size"}), where)
-        return cls(name=get_str(obj, "name", where), size=get_int(obj, "size", where))
+        return cls(**cls.SPEC.decode(value))
 
 
 @dataclass(frozen=True, slots=True)
 class RemoteDescriptorRecord:
-    """The parsed descriptor object; `to_bytes` and `from_bytes` round-trip exactly."""
+    """The parsed descriptor object; `to_bytes` and `from_bytes` round-trip exactly.
+
+    `schema`, `identity_key` and `total_bytes` are derived: written from the record and checked on reading.
+    """
+
+    SPEC: ClassVar[RecordSpec] = RecordSpec(
+        "RemoteDescriptorRecord",
+        "descriptor",
+        (
+            Field("schema", Text(), derived=True),
+            Field("schema_version", Integer()),
+            Field("identity", Nested(WeightArtifactIdentity)),
+            Field("identity_key", Text(), derived=True),
+            Field("manifest_sha256", Text()),
+            Field("manifest_size", Integer()),
+            Field("content_sha256", Text()),
+            Field("files", Records(RemoteFileRecord)),
+            Field("total_bytes", Integer(), derived=True),
+            Field("provider_id", Text()),
+            Field("uploader", Text()),
+            Field("uploaded_at_ns", Integer()),
+        ),
+    )
 
     identity: WeightArtifactIdentity
     manifest_sha256: str
@@ -132,6 +139,10 @@ class RemoteDescriptorRecord:
             raise ValueError("descriptor uploaded_at_ns must be a non-negative integer")
 
     @property
+    def schema(self) -> str:
+        return DESCRIPTOR_SCHEMA
+
+    @property
     def identity_key(self) -> str:
         return self.identity.key
 
@@ -146,20 +157,7 @@ class RemoteDescriptorRecord:
         return sizes
 
     def to_dict(self) -> dict[str, JsonValue]:
-        return {
-            "schema": DESCRIPTOR_SCHEMA,
-            "schema_version": self.schema_version,
-            "identity": self.identity.to_dict(),
-            "identity_key": self.identity_key,
-            "manifest_sha256": self.manifest_sha256,
-            "manifest_size": self.manifest_size,
-            "content_sha256": self.content_sha256,
-            "files": [record.to_dict() for record in self.files],
-            "total_bytes": self.total_bytes,
-            "provider_id": self.provider_id,
-            "uploader": self.uploader,
-            "uploaded_at_ns": self.uploaded_at_ns,
-        }
+        return self.SPEC.encode(self)
 
     def to_bytes(self) -> bytes:
         return encode_canonical(self.to_dict())
@@ -172,23 +170,12 @@ class RemoteDescriptorRecord:
         value = decode_json(data)
         if not is_canonical(data, value):
             raise ValueError("descriptor bytes are not canonical JSON")
-        obj = require_object(value, "descriptor")
-        require_exact_keys(obj, _KEYS, "descriptor")
-        if get_str(obj, "schema", "descriptor") != DESCRIPTOR_SCHEMA:
+        values = cls.SPEC.decode(require_object(value, "descriptor"))
+        if values["schema"] != DESCRIPTOR_SCHEMA:
             raise ValueError(f"descriptor schema must be {DESCRIPTOR_SCHEMA!r}")
-        record = cls(
-            schema_version=get_int(obj, "schema_version", "descriptor"),
-            identity=WeightArtifactIdentity.from_dict(obj["identity"]),
-            manifest_sha256=get_str(obj, "manifest_sha256", "descriptor"),
-            manifest_size=get_int(obj, "manifest_size", "descriptor"),
-            content_sha256=get_str(obj, "content_sha256", "descriptor"),
-            files=tuple(RemoteFileRecord.from_dict(item) for item in get_list(obj, "files", "descriptor")),
-            provider_id=get_str(obj, "provider_id", "descriptor"),
-            uploader=get_str(obj, "uploader", "descriptor"),
-            uploaded_at_ns=get_int(obj, "uploaded_at_ns", "descriptor"),
-        )
-        if get_str(obj, "identity_key", "descriptor") != record.identity_key:
+        record = cls(**cls.SPEC.arguments(values))
+        if values["identity_key"] != record.identity_key:
             raise ValueError("descriptor identity_key does not match its identity")
-        if get_int(obj, "total_bytes", "descriptor") != record.total_bytes:
+        if values["total_bytes"] != record.total_bytes:
             raise ValueError("descriptor total_bytes does not match its files")
         return record

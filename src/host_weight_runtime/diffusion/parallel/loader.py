@@ -41,11 +41,11 @@ from ..component_source import ComponentLocation, node_digest_cache
 from ..contracts import FinalLayoutParallelIdentity, FinalLayoutTensorPolicy
 from ..dtype_policies import ModelFamilyName
 from ..identity_adapter import FinalLayoutIdentityContext
+from ..load_reports import ComponentLoadPath, PrewarmResult
 from ..load_runtime import required_runtime, runtime_for_load
 from ..loaded import LoadedComponent
 from ..named_source import NameLayout, check_index_key, checkpoint_or_named_source, name_dtype, wants_name
 from ..publish_step import require_safetensors
-from ..reports import ComponentLoadPath, PrewarmResult
 from ..representation import check_representation, quantize_model_fp8, tensor_policy
 from ..restore_step import restore_into_skeleton
 from ..skeleton import ComponentSkeleton, prepare_skeleton
