@@ -38,6 +38,7 @@ class FailureCode(str, enum.Enum):
     UNSAFE_PERMISSIONS = "unsafe_permissions"
     DOMAIN_POLICY_CONFLICT = "domain_policy_conflict"
     DOMAIN_INVALID = "domain_invalid"
+    DOMAIN_UNAVAILABLE = "domain_unavailable"  # the root cannot be opened (missing, a file, unreachable): retryable
     STORE_INIT_FAILED = "store_init_failed"
     LOCK_TIMEOUT = "lock_timeout"
     IO_ERROR = "io_error"

@@ -292,3 +292,21 @@ class HostWeightLeaseCarrier:
             lease, self._lease = self._lease, None
         if lease is not None:
             lease.close()
+
+    def __copy__(self) -> NoReturn:
+        raise TypeError(_CARRIER_NOT_COPYABLE)
+
+    def __deepcopy__(self, memo: object) -> NoReturn:
+        raise TypeError(_CARRIER_NOT_COPYABLE)
+
+    def __reduce_ex__(self, protocol: object) -> NoReturn:
+        raise TypeError(_CARRIER_NOT_COPYABLE)
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(_CARRIER_NOT_COPYABLE)
+
+
+_CARRIER_NOT_COPYABLE = (
+    "HostWeightLeaseCarrier cannot be copied or pickled: it hands its lease to exactly one owner; "
+    "pass the carrier itself, or send the identity and look it up in the other process"
+)
