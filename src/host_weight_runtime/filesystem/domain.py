@@ -339,7 +339,9 @@ _UNOPENABLE_ERRNOS = frozenset(
 )
 
 
-def _ensure_private_dir(path: Path, what: str, *, parents: bool = False, unavailable_if_unopenable: bool = False) -> None:
+def _ensure_private_dir(
+    path: Path, what: str, *, parents: bool = False, unavailable_if_unopenable: bool = False
+) -> None:
     """Create `path` 0700 if missing, then insist it is our own, non-shared-writable directory.
 
     With `unavailable_if_unopenable` (the root), a path that cannot be created or reached, or that is not a
