@@ -185,12 +185,16 @@ class AdaptationIdentity:
     """Base weights, or a statically merged adapter identified by its fingerprint."""
 
     kind: str = BASE_ADAPTATION
-    fingerprint: str = ""
+    fingerprint: str | None = None
+    """None (or "", normalised to None) for base weights; the canonical form writes it as ""."""
     metadata: CanonicalJson = field(default_factory=CanonicalJson.empty)
 
     def __post_init__(self) -> None:
         require_str_field(self.kind, "AdaptationIdentity.kind")
-        require_str_field(self.fingerprint, "AdaptationIdentity.fingerprint", allow_empty=True)
+        if self.fingerprint is not None:
+            require_str_field(self.fingerprint, "AdaptationIdentity.fingerprint", allow_empty=True)
+        if self.fingerprint == "":
+            object.__setattr__(self, "fingerprint", None)
         require_json_field(self.metadata, "AdaptationIdentity.metadata")
         if self.kind == BASE_ADAPTATION and self.fingerprint:
             raise ValueError("a base AdaptationIdentity carries no fingerprint")
@@ -200,7 +204,7 @@ class AdaptationIdentity:
             )
 
     def to_dict(self) -> dict[str, JsonValue]:
-        return {"kind": self.kind, "fingerprint": self.fingerprint, "metadata": self.metadata.to_value()}
+        return {"kind": self.kind, "fingerprint": self.fingerprint or "", "metadata": self.metadata.to_value()}
 
     @classmethod
     def from_dict(cls, value: object) -> AdaptationIdentity:
