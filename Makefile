@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
 	$(BIN)/python -m pip install --quiet -e ".[test,lint,diffusion,bench,remote,serve]"
+	# The vLLM-Omni reference the compat tests and `hwr bench` compare against: without its dependencies,
+	# which would pull vLLM and a CUDA torch (it needs only torch, safetensors and regex, installed above).
+	$(BIN)/python -m pip install --quiet --no-deps "vllm-omni==0.30.0"
 	touch $(STAMP)
 
 # Two workers, one test file at a time each: many tests wait on child processes, so 2 cores stay busy.

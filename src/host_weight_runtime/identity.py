@@ -317,6 +317,11 @@ class WeightArtifactIdentity:
     def canonical_json(self) -> CanonicalJson:
         return CanonicalJson(encode_canonical(self.to_dict()))
 
+    @property
+    def canonical_bytes(self) -> bytes:
+        """The canonical JSON bytes `key` hashes: equal bytes, same artifact."""
+        return encode_canonical(self.to_dict())
+
     @classmethod
     def from_canonical_json(cls, data: CanonicalJson | bytes) -> WeightArtifactIdentity:
         canonical = data if isinstance(data, CanonicalJson) else CanonicalJson(data)
