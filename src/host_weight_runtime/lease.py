@@ -335,6 +335,6 @@ class HostWeightLeaseCarrier:
 
 
 _CARRIER_NOT_COPYABLE = (
-    "HostWeightLeaseCarrier cannot be copied or pickled: it hands its lease to exactly one owner; "
+    "HostWeightLeaseCarrier cannot be serialized, copied or pickled: it hands its lease to exactly one owner; "
     "pass the carrier itself, or send the identity and look it up in the other process"
 )

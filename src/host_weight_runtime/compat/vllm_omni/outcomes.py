@@ -180,6 +180,8 @@ def _attempt_action(attempt: native.ResolutionAttempt, following: native.Resolut
     if following is not None and following.stage is ResolutionStage.REMOTE:
         return ResolutionAction.TRY_REMOTE
     if following is not None and following.stage is ResolutionStage.PRODUCTION:
+        if following.result is native.AttemptResult.SKIPPED:  # no producer may run: the reference ends here
+            return _attempt_action(following, None)
         invalid = attempt.result is native.AttemptResult.INVALID
         return ResolutionAction.QUARANTINE_THEN_PRODUCE if invalid else ResolutionAction.TRY_PRODUCER
     return ResolutionAction.SKIP
@@ -206,10 +208,19 @@ def resolution_of(resolution: native.HostWeightResolution) -> HostWeightResoluti
     return HostWeightResolution(resolution_report_of(resolution.report), resolution.lease)
 
 
+def _publication_failure(found: HostWeightFailure | None) -> HostWeightFailure | None:
+    """A store that broke its contract during publication is the reference's PRODUCER_FAILED (PRODUCTION)."""
+    if found is None or found.code is not FailureCode.UNEXPECTED_STATUS:
+        return found
+    return HostWeightFailure(
+        ResolutionStage.PRODUCTION, FailureCode.PRODUCER_FAILED, False, found.message, found.details
+    )
+
+
 def publication_report_of(report: native.PostLoadPublicationReport) -> PostLoadPublicationReport:
     outcome = PostLoadPublicationOutcome(report.status.value)
     disabled = outcome in (PostLoadPublicationOutcome.RUNTIME_DISABLED, PostLoadPublicationOutcome.POLICY_DISABLED)
-    failure = report.failure if outcome is PostLoadPublicationOutcome.FAILED else None
+    failure = _publication_failure(report.failure) if outcome is PostLoadPublicationOutcome.FAILED else None
     return PostLoadPublicationReport(
         report.resolution_id, outcome, None if disabled else report.identity_key, report.elapsed_s, failure
     )

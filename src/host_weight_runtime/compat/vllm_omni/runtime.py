@@ -143,11 +143,9 @@ class HostWeightRuntime:
         if self._initialization_failure is not None:
             raise HostWeightError(self._initialization_failure)
         store = self.store
-        if isinstance(store, FilesystemHostWeightStore):
-            return store.native
         if isinstance(store, NativeFilesystemStore):
             return store
-        return _ReferenceStore(store)
+        return _ReferenceStore(store)  # the reference's store object itself, so what replaces its methods counts
 
     def _notify(self, report: native_outcomes.ResolutionReport | native_outcomes.PostLoadPublicationReport) -> None:
         if isinstance(report, native_outcomes.ResolutionReport):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ....config import EvictionPolicy, StorageClass
 from ....failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
+from ....filesystem import DomainLayout
 from ....filesystem.domain import classify_filesystem, read_mount_table
 from ....filesystem.store import FilesystemHostWeightStore as NativeStore
 from ....identity import WeightArtifactIdentity
@@ -52,6 +53,15 @@ def detect_storage_class(path: Path) -> StorageClass:
 _DEFAULT_WAIT = WaitPolicy()
 
 
+def _domain_failure(found: HostWeightFailure, root: Path) -> HostWeightFailure:
+    """The reference reports a domain whose init lock stays held as DOMAIN_UNAVAILABLE (retryable), naming the lock."""
+    if found.stage is not ResolutionStage.DOMAIN or found.code is not FailureCode.LOCK_TIMEOUT:
+        return found
+    lock = DomainLayout(root).domain_init_lock
+    message = f"timed out waiting for {lock}: {found.message}"
+    return HostWeightFailure(ResolutionStage.DOMAIN, FailureCode.DOMAIN_UNAVAILABLE, True, message, found.details)
+
+
 def _unsupported(message: str) -> HostWeightError:
     return HostWeightError(failure(ResolutionStage.CONFIGURATION, FailureCode.UNSUPPORTED, message))
 
@@ -77,13 +87,16 @@ class FilesystemHostWeightStore:
         self.capacity_policy = capacity
         self.integrity_policy = integrity
         self.root = domain.root.expanduser().resolve()
-        self.native = NativeStore(
-            self.root,
-            storage_class=domain.storage_class,
-            capacity=capacity.native(),
-            init_timeout_s=float(wait.coordination_timeout_seconds),
-            eviction=EvictionPolicy(capacity.eviction),
-        )
+        try:
+            self.native = NativeStore(
+                self.root,
+                storage_class=domain.storage_class,
+                capacity=capacity.native(),
+                init_timeout_s=float(wait.coordination_timeout_seconds),
+                eviction=EvictionPolicy(capacity.eviction),
+            )
+        except HostWeightError as exc:
+            raise HostWeightError(_domain_failure(exc.failure, self.root)) from exc
         layout = self.native.layout
         self.locks_dir, self.artifacts_dir, self.tmp_dir = layout.locks, layout.artifacts, layout.tmp
         self.quarantine_dir, self.deny_dir = layout.quarantine, layout.deny
