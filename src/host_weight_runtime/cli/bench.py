@@ -76,6 +76,13 @@ def register(commands: Subcommands) -> None:
     sub.add_argument(
         "--serve-mib", type=positive_int, default=128, metavar="MIB", help="FP32 transformer MiB for --serve"
     )
+    sub.add_argument(
+        "--vllm-omni",
+        action="store_true",
+        help="instead: this runtime's store and vLLM-Omni's reference store (vllm-omni==0.30.0, installed "
+        "--no-deps) on the same seeded BF16 tensors: cold publish, warm hit, --workers workers' PSS",
+    )
+    sub.add_argument("--vllm-omni-mib", type=positive_int, default=256, metavar="MIB", help="BF16 MiB for --vllm-omni")
     add_json_option(sub)
 
 
@@ -83,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark with the options given, write both result files, print the Markdown (or the JSON)."""
     if args.serve:
         return _run_serve(args)
+    if args.vllm_omni:
+        return _run_store_peer(args)
     # The application layer may use the adapters; the core never does (C08).
     from ..tools.bench.report import markdown, result_path
     from ..tools.bench.runner import BenchOptions, run_bench
@@ -141,6 +150,40 @@ def _run_serve(args: argparse.Namespace) -> int:
     json_path.write_text(json.dumps(data, indent=2) + "\n")
     text = serve_markdown(data)
     result_path(out_dir, "-serve.md").write_text(text)
+    if args.json:
+        print_json(data)
+    else:
+        from rich.markdown import Markdown
+
+        stdout_console().print(Markdown(text))
+    return EXIT_OK
+
+
+def _run_store_peer(args: argparse.Namespace) -> int:
+    """`hwr bench --vllm-omni`: the reference store as a peer row, written next to the other results."""
+    from ..tools.bench.report import result_path
+    from ..tools.bench.store_peer import (
+        StorePeerOptions,
+        reference_unavailable_reason,
+        run_store_peer_bench,
+        store_peer_markdown,
+    )
+
+    out_dir: Path = args.out if args.out is not None else _default_results_dir()
+    if not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is not a directory")
+    reason = reference_unavailable_reason()
+    if reason is not None:
+        raise UsageError(reason)
+    options = StorePeerOptions(
+        size_mib=args.vllm_omni_mib, rounds=args.runs or 3, workers=args.workers, workdir=args.workdir
+    )
+    with stderr_console().status("hwr bench --vllm-omni: alternating rounds"):
+        data = run_store_peer_bench(options)
+    json_path = result_path(out_dir, "-vllm-omni.json")
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    text = store_peer_markdown(data)
+    result_path(out_dir, "-vllm-omni.md").write_text(text)
     if args.json:
         print_json(data)
     else:
