@@ -211,14 +211,14 @@ def _group_pss(store: str, root: Path, options: StorePeerOptions) -> float:
             process.stdin.write("go\n")
             process.stdin.flush()
             total_kib += json.loads(process.stdout.readline())["pss_kib"]
-        for process in workers:
-            assert process.stdin is not None
-            process.stdin.close()
     finally:
         for process in workers:
-            for pipe in (process.stdin, process.stdout):
-                if pipe is not None and not pipe.closed:
-                    pipe.close()
+            if process.stdin is not None and not process.stdin.closed:
+                process.stdin.close()
+        for process in workers:
+            if process.stdout is not None:  # read the worker's last line, so it never writes into a closed pipe
+                process.stdout.read()
+                process.stdout.close()
             process.wait(timeout=600)
     return total_kib * 1024 / (options.size_mib * 2**20)
 
