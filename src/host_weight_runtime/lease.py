@@ -277,7 +277,7 @@ class HostWeightLease:
 
     def __reduce__(self) -> NoReturn:
         raise TypeError(
-            "HostWeightLease cannot be pickled: it owns mappings and a lock of this process; "
+            "HostWeightLease cannot be pickled: it is process-local, owning mappings and a lock of this process; "
             "send the identity and look it up in the other process"
         )
 

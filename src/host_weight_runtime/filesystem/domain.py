@@ -539,7 +539,8 @@ def _load_or_create_policy(layout: DomainLayout, requested: CapacityPolicy | Non
             _STAGE,
             FailureCode.DOMAIN_POLICY_CONFLICT,
             f"the domain at {layout.root} already has capacity policy {stored.to_dict()} and the first "
-            f"writer's policy is authoritative; this process asked for {requested.to_dict()}. Give every "
+            f"writer's policy is authoritative; this process's capacity policy differs: {requested.to_dict()}. "
+            "Give every "
             "worker the same HWR_MAX_ARTIFACT_BYTES / HWR_MAX_STORE_BYTES / HWR_MIN_FREE_BYTES, pass no "
             "capacity policy to adopt the stored one, or use a different HWR_ROOT",
             root=str(layout.root),

@@ -151,7 +151,15 @@ class PostLoadPublicationReport:
 
 def store_result_of(result: native.StoreResult) -> StoreResult:
     failure = result.failure if result.status in _FAILURE_STATUSES else None
-    return StoreResult(result.status, result.lease, failure)
+    status = result.status
+    if status is StoreStatus.FAILED and failure is not None and failure.code is FailureCode.LOCK_TIMEOUT:
+        status = StoreStatus.TIMEOUT  # the reference's status for a wait that ran out
+    if failure is not None and failure.stage is ResolutionStage.PRODUCTION and failure.code is FailureCode.UNSUPPORTED:
+        # a coordination scope this store does not run: the reference calls the producer unsupported
+        failure = HostWeightFailure(
+            failure.stage, FailureCode.PRODUCER_UNSUPPORTED, False, failure.message, failure.details
+        )
+    return StoreResult(status, result.lease, failure)
 
 
 def _attempt_result(attempt: native.ResolutionAttempt) -> AttemptResult:

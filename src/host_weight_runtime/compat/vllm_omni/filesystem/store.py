@@ -42,11 +42,7 @@ def detect_storage_class(path: Path) -> StorageClass:
     fs_type = detect_filesystem_type(path)
     found = classify_filesystem(fs_type)
     if found is None:
-        raise HostWeightError(
-            failure(
-                ResolutionStage.DOMAIN, FailureCode.UNSUPPORTED_FILESYSTEM, f"{path} is on {fs_type}, not node-local"
-            )
-        )
+        raise ValueError(f"{path} is on {fs_type}, which is not node-local: a domain needs tmpfs or a local disk")
     return found
 
 
@@ -60,6 +56,11 @@ def _domain_failure(found: HostWeightFailure, root: Path) -> HostWeightFailure:
     lock = DomainLayout(root).domain_init_lock
     message = f"timed out waiting for {lock}: {found.message}"
     return HostWeightFailure(ResolutionStage.DOMAIN, FailureCode.DOMAIN_UNAVAILABLE, True, message, found.details)
+
+
+def _fs_verity_unsupported() -> StoreResult:
+    found = failure(ResolutionStage.CONFIGURATION, FailureCode.UNSUPPORTED, "fs-verity validation is not implemented")
+    return StoreResult(StoreStatus.FAILED, failure=found)
 
 
 def _unsupported(message: str) -> HostWeightError:
@@ -106,12 +107,16 @@ class FilesystemHostWeightStore:
     def lookup(
         self, identity: WeightArtifactIdentity, *, validation: ValidationLevel, deadline: float | None = None
     ) -> StoreResult:
+        if ValidationLevel(validation) is ValidationLevel.FS_VERITY:
+            return _fs_verity_unsupported()
         level = native_validation(ValidationLevel(validation))
         return store_result_of(self.native.lookup(identity, validation=level, deadline=deadline))
 
     def get_or_build(
         self, request: BuildRequest, producer: WeightProducer, *, validation: ValidationLevel, deadline: float
     ) -> StoreResult:
+        if ValidationLevel(validation) is ValidationLevel.FS_VERITY:
+            return _fs_verity_unsupported()
         level = native_validation(ValidationLevel(validation))
         return store_result_of(self.native.get_or_build(request, producer, validation=level, deadline=deadline))
 
