@@ -2,10 +2,10 @@
 
 Side by side, in fresh processes and alternating rounds, on the same node-local folder (/dev/shm when
 there is one): cold publish (get_or_build into an empty domain), warm hit (lookup plus a read of every
-page) and N concurrent workers' PSS of the mapped weights. Both rows run the very same worker code
-against the reference API: for this runtime through `host_weight_runtime.compat.vllm_omni` (this
-runtime's store), for the reference through the installed `vllm_omni.host_weight_runtime` 0.30.0
-(installed with --no-deps; its package `__init__`, which needs vLLM, is not run).
+page) and N concurrent workers' PSS of the mapped weights. Both rows run the very same worker code: for
+this runtime through its own public API (its `FilesystemHostWeightStore`), for the reference through the
+installed `vllm_omni.host_weight_runtime` 0.30.0 (installed with --no-deps; its package `__init__`, which
+needs vLLM, is not run).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,12 +71,55 @@ def _reference_api() -> Any:
     return importlib.import_module("vllm_omni.host_weight_runtime")
 
 
-def _api(store: str) -> tuple[Any, Any]:
-    if store == REFERENCE:
-        api = _reference_api()
-        return api, importlib.import_module("vllm_omni.host_weight_runtime.filesystem")
-    compat = importlib.import_module("host_weight_runtime.compat.vllm_omni")
-    return compat, importlib.import_module("host_weight_runtime.compat.vllm_omni.filesystem")
+def _own_api() -> Any:
+    """This runtime's own public names, under the reference's spelling where the worker needs one."""
+    from host_weight_runtime import (
+        AdaptationIdentity,
+        BuildRequest,
+        ComponentIdentity,
+        FilesystemHostWeightStore,
+        ProducerIdentity,
+        ProductionMetadata,
+        ProductionSourceMode,
+        RuntimeWeightLayout,
+        TensorWriteSpec,
+        ValidationLevel,
+        WeightArtifactIdentity,
+        WeightProductionSpec,
+        WeightRepresentation,
+        WeightSourceIdentity,
+    )
+
+    return types.SimpleNamespace(
+        AdaptationIdentity=AdaptationIdentity,
+        BuildRequest=BuildRequest,
+        ComponentIdentity=ComponentIdentity,
+        ProducerIdentity=ProducerIdentity,
+        ProductionMetadata=ProductionMetadata,
+        ProductionSourceMode=ProductionSourceMode,
+        RuntimeWeightLayout=RuntimeWeightLayout,
+        TensorWriteSpec=TensorWriteSpec,
+        ValidationLevel=ValidationLevel,
+        WeightArtifactIdentity=WeightArtifactIdentity,
+        WeightProductionSpec=WeightProductionSpec,
+        WeightRepresentation=WeightRepresentation,
+        WeightSourceIdentity=WeightSourceIdentity,
+        open_store=FilesystemHostWeightStore,  # the default storage class: whatever node-local filesystem is there
+    )
+
+
+def _api(store: str) -> Any:
+    """The names the worker uses: the reference's own module, or this runtime's front door."""
+    if store != REFERENCE:
+        return _own_api()
+    api = _reference_api()
+    filesystem = importlib.import_module("vllm_omni.host_weight_runtime.filesystem")
+
+    def open_store(root: Path) -> Any:
+        domain = api.StorageDomainPolicy(root=root, storage_class=filesystem.detect_storage_class(root.parent))
+        return filesystem.FilesystemHostWeightStore(domain, api.CapacityPolicy(), api.IntegrityPolicy())
+
+    return types.SimpleNamespace(**{name: getattr(api, name) for name in api.__all__}, open_store=open_store)
 
 
 def _tensors(size_mib: int, seed: int) -> dict[str, Any]:
@@ -118,11 +162,6 @@ class _Producer:
         return self._api.ProductionMetadata("bench-producer-v1", "bench-restorer-v1")
 
 
-def _store(api: Any, filesystem: Any, root: Path) -> Any:
-    domain = api.StorageDomainPolicy(root=root, storage_class=filesystem.detect_storage_class(root.parent))
-    return filesystem.FilesystemHostWeightStore(domain, api.CapacityPolicy(), api.IntegrityPolicy())
-
-
 def _touch(lease: Any) -> int:
     """Read one byte of every page of every tensor: what a forward pass would fault in."""
     import torch
@@ -152,13 +191,13 @@ def worker(argv: list[str]) -> dict[str, Any]:
 
     action, store_name, root_text, size_text, seed_text = argv
     root, size_mib, seed = Path(root_text), int(size_text), int(seed_text)
-    api, filesystem = _api(store_name)
+    api = _api(store_name)
     identity = _identity(api, size_mib, seed)
     validation = api.ValidationLevel.MANIFEST_AND_METADATA
     if action == "publish":
         producer = _Producer(api, identity, _tensors(size_mib, seed))
         started = time.perf_counter()
-        store = _store(api, filesystem, root)
+        store = api.open_store(root)
         result = store.get_or_build(
             api.BuildRequest(identity), producer, validation=validation, deadline=time.monotonic() + 600
         )
@@ -167,7 +206,7 @@ def worker(argv: list[str]) -> dict[str, Any]:
         result.lease.close()
         return {"status": result.status.value, "seconds": elapsed}
     started = time.perf_counter()
-    store = _store(api, filesystem, root)
+    store = api.open_store(root)
     result = store.lookup(identity, validation=validation, deadline=time.monotonic() + 600)
     assert result.lease is not None, result
     _touch(result.lease)
