@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml tools/pyproject.toml
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
 	$(BIN)/python -m pip install --quiet -e ".[test,lint,diffusion,bench,remote,serve,docs]"
 	$(BIN)/python -m pip install --quiet -e tools
+	# The vLLM-Omni reference the compat tests and `hwr bench --vllm-omni` compare against: without its dependencies,
+	# which would pull vLLM and a CUDA torch (it needs only torch, safetensors and regex, installed above).
+	$(BIN)/python -m pip install --quiet --no-deps "vllm-omni==0.30.0"
 	touch $(STAMP)
 
 # Two workers, one test file at a time each: many tests wait on child processes, so 2 cores stay busy.

@@ -44,10 +44,12 @@ LONGEST_FILES_FIRST = (
     "test_readme_diffusers.py",  # ~40 s
     "test_diffusion_tp_pss.py",  # ~35 s
     "test_cli_remote_targets.py",  # ~30 s
+    "test_bench_store_peer.py",  # ~30 s: ten fresh processes, this runtime's store and vLLM-Omni's
     "test_cli_remote.py",  # ~25 s
     "test_adoption_arguments.py",  # ~25 s
     "test_adoption_background.py",  # ~25 s
     "test_remote_load_component.py",  # ~20 s
+    "test_vllm_omni_compat.py",  # ~20 s
     "test_store_stateful.py",  # ~20 s
     "test_diffusion_tp.py",  # ~20 s
 )

@@ -363,11 +363,14 @@ def test_symlinked_root_refused(tmp_path: Path) -> None:
     assert os.listdir(target) == []
 
 
-def test_root_that_is_a_file_refused(tmp_path: Path) -> None:
-    """A regular file where the root should be is refused as unsafe."""
+def test_root_that_is_a_file_is_unavailable(tmp_path: Path) -> None:
+    """R11: a regular file where the root should be cannot be opened: DOMAIN_UNAVAILABLE, retryable, untouched."""
     root = tmp_path / "domain"
     root.write_bytes(b"")
-    _expect_failure(FailureCode.UNSAFE_PERMISSIONS, lambda: _open(root))
+    error = _expect_failure(FailureCode.DOMAIN_UNAVAILABLE, lambda: _open(root))
+    assert error.retryable is True
+    assert "is not a directory" in error.failure.message
+    assert root.read_bytes() == b""
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="changing a directory's owner needs root")

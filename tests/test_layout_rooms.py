@@ -31,6 +31,7 @@ OPERATIONS = "operations"
 ADAPTERS = "adapters"
 APPLICATION = "application"
 TESTING = "testing"
+COMPAT = "compat"
 FRONT_DOOR = "front door"
 
 _CONTRACT_MODULES = (
@@ -64,6 +65,7 @@ ROOM_MODULES: dict[str, frozenset[str]] = {
     ADAPTERS: frozenset({f"{PACKAGE}.diffusion"}),
     APPLICATION: frozenset({f"{PACKAGE}.cli"}),
     TESTING: frozenset({f"{PACKAGE}.testing"}),
+    COMPAT: frozenset({f"{PACKAGE}.compat"}),
     FRONT_DOOR: frozenset({PACKAGE}),
 }
 
@@ -77,6 +79,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     ADAPTERS: frozenset({CONTRACTS, STORE, POLICY, REMOTE, OPERATIONS, FRONT_DOOR}),
     APPLICATION: frozenset({CONTRACTS, STORE, POLICY, REMOTE, OPERATIONS, ADAPTERS, FRONT_DOOR}),
     TESTING: frozenset({CONTRACTS, STORE}),
+    COMPAT: frozenset({CONTRACTS, STORE, POLICY}),
     FRONT_DOOR: frozenset({CONTRACTS, STORE, POLICY, REMOTE, OPERATIONS}),
 }
 

@@ -254,7 +254,7 @@ def test_one_structured_log_record_per_resolve(tmp_path: Path, resolve_records: 
     for report in reports:
         assert json.loads(json.dumps(report)) == report
         assert report["identity_key"] == model_identity(0).key and report["mode"] == "preferred"
-        assert set(report) == {"identity_key", "mode", "outcome", "attempts", "elapsed_s", "failure", "publication_id"}
+        assert set(report) == {"resolution_id", "identity_key", "mode", "outcome", "attempts", "elapsed_s", "failure", "publication_id"}
     assert [attempt["stage"] for attempt in reports[1]["attempts"]] == ["lookup", "production"]
 
 

@@ -324,7 +324,8 @@ def test_planted_lock_file_is_refused_and_never_opened(
 @pytest.mark.parametrize("kind", ["group_writable", "other_writable", "symlink", "file", "other_uid"])
 def test_unsafe_domain_root_or_subdirectory_is_refused(tmp_path: Path, subdir: str, kind: str) -> None:
     """S12: a domain root or store subdirectory that is writable by group or others, a symlink, a file or
-    another uid's is UNSAFE_PERMISSIONS when the store opens, before anything is read or written."""
+    another uid's is UNSAFE_PERMISSIONS when the store opens, before anything is read or written; a root
+    that is a file cannot be opened at all and is DOMAIN_UNAVAILABLE (R11)."""
     if kind == "other_uid" and not IS_ROOT:
         pytest.skip("making a directory belong to another uid needs root (chown); this run is not root")
     root = tmp_path / "hwr"
@@ -343,6 +344,9 @@ def test_unsafe_domain_root_or_subdirectory_is_refused(tmp_path: Path, subdir: s
             target.write_bytes(b"")
     with pytest.raises(HostWeightError) as caught:
         FilesystemHostWeightStore(root)
+    if kind == "file" and not subdir:  # a root that cannot be opened is unavailable, not unsafe (R11)
+        assert caught.value.code is FailureCode.DOMAIN_UNAVAILABLE and caught.value.retryable, caught.value
+        return
     assert caught.value.code is FailureCode.UNSAFE_PERMISSIONS, caught.value
     message = caught.value.failure.message
     problem = {

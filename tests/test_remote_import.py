@@ -375,6 +375,12 @@ class _ForwardingFileWriter:
     def close(self) -> None:
         self._inner.close()
 
+    def __enter__(self) -> _ForwardingFileWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 class _ForwardingWriter:
     def __init__(self, inner: ArtifactWriter) -> None:

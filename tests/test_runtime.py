@@ -9,15 +9,19 @@ driven to from here), the test uses a `ForwardingStore`: a seam through our own
 
 from __future__ import annotations
 
+import copy
+import errno
 import fcntl
 import logging
 import os
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+from host_weight_runtime._faults import Fault, FaultAction, armed
 from host_weight_runtime.config import CapacityPolicy, HostWeightRuntimeConfig, RuntimeMode
 from host_weight_runtime.failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
@@ -306,6 +310,23 @@ def test_resolved_lease_carrier_is_taken_once(tmp_path: Path) -> None:
     assert not owned.closed
     owned.close()
     assert owned.closed
+
+
+@pytest.mark.parametrize("duplicate", [copy.copy, copy.deepcopy, pickle.dumps], ids=["copy", "deepcopy", "pickle"])
+def test_lease_carrier_cannot_be_copied_or_pickled(tmp_path: Path, duplicate: Callable[[object], object]) -> None:
+    """R04: copying or pickling a carrier is refused with a TypeError, so its lease never gets a second owner."""
+    identity = make_identity()
+    resolution = runtime_for(tmp_path / "hwr").resolve(identity, pre_load_producer(identity))
+    assert resolution.lease is not None
+    carrier = HostWeightLeaseCarrier(resolution.lease)
+
+    with pytest.raises(TypeError, match="exactly one owner"):
+        duplicate(carrier)
+    owned = carrier.take()  # the refused copy took nothing: the original still hands the lease over, once
+    assert owned is resolution.lease and not owned.closed
+    with pytest.raises(HostWeightError):
+        carrier.take()
+    owned.close()
 
 
 # --------------------------------------------------------------------------- R05
@@ -632,6 +653,56 @@ def test_configuration_errors_fail_in_both_modes(tmp_path: Path, mode: RuntimeMo
     assert resolution.report.failure.code is FailureCode.UNSAFE_PERMISSIONS
     assert steps(resolution.report) == [(ResolutionStage.DOMAIN, AttemptResult.FAILED, AttemptAction.FAIL)]
     assert producer.calls == 0
+
+
+def _unopenable_root(tmp_path: Path, how: str) -> Path:
+    """A domain root that cannot be opened: a regular file, or under one (missing and not creatable)."""
+    blocker = tmp_path / "blocker"
+    blocker.write_bytes(b"not a directory")
+    return blocker if how == "root_is_a_file" else blocker / "hwr"
+
+
+@pytest.mark.parametrize("how", ["root_is_a_file", "parent_is_a_file", "unreachable"])
+@pytest.mark.parametrize("mode", [PREFERRED, REQUIRED])
+def test_domain_that_cannot_be_opened_falls_back_in_preferred(tmp_path: Path, mode: RuntimeMode, how: str) -> None:
+    """R11: a root that cannot be opened is DOMAIN_UNAVAILABLE and retryable: PREFERRED loads canonically
+    with the failure in its report, REQUIRED fails; nothing is created and the producer never runs."""
+    identity = make_identity()
+    producer = pre_load_producer(identity)
+    if how == "unreachable":  # a mount that went away under the root (ENOTCONN), through the domain's seam
+        root = tmp_path / "hwr"
+        with armed("domain.open_root", Fault(FaultAction.RAISE_OSERROR, errno=errno.ENOTCONN)):
+            resolution = runtime_for(root, mode).resolve(identity, producer)
+        assert not root.exists()
+    else:
+        root = _unopenable_root(tmp_path, how)
+        resolution = runtime_for(root, mode).resolve(identity, producer)
+        assert (tmp_path / "blocker").read_bytes() == b"not a directory"
+    report = resolution.report
+    assert report.failure is not None
+    assert report.failure.code is FailureCode.DOMAIN_UNAVAILABLE, report.failure
+    assert report.failure.stage is ResolutionStage.DOMAIN and report.failure.retryable
+    assert may_fall_back(report.failure) and FailureCode.DOMAIN_UNAVAILABLE not in ALWAYS_FATAL
+    assert resolution.lease is None and producer.calls == 0
+    if mode is PREFERRED:
+        assert resolution.outcome is ResolutionOutcome.CANONICAL_FALLBACK
+        assert steps(report) == [(ResolutionStage.DOMAIN, AttemptResult.FAILED, AttemptAction.FALL_BACK)]
+    else:
+        assert resolution.outcome is ResolutionOutcome.FAILED
+        assert steps(report) == [(ResolutionStage.DOMAIN, AttemptResult.FAILED, AttemptAction.FAIL)]
+
+
+def test_refused_domain_is_not_unavailable(tmp_path: Path) -> None:
+    """R11, S19: a root refused by policy (group-writable) stays a configuration error even in PREFERRED:
+    only a root that cannot be opened falls back."""
+    root = tmp_path / "hwr"
+    root.mkdir(mode=0o700)
+    os.chmod(root, 0o770)
+    identity = make_identity()
+    resolution = runtime_for(root, PREFERRED).resolve(identity, pre_load_producer(identity))
+    assert resolution.outcome is ResolutionOutcome.FAILED
+    assert resolution.report.failure is not None
+    assert resolution.report.failure.code is FailureCode.UNSAFE_PERMISSIONS
 
 
 @pytest.mark.parametrize("mode", [PREFERRED, REQUIRED])

@@ -20,7 +20,7 @@ def require_exact_keys(obj: Mapping[str, object], keys: frozenset[str], where: s
     unknown = sorted(present - keys)
     missing = sorted(keys - present)
     if unknown:
-        raise ValueError(f"{where} has unknown field(s) {unknown}")
+        raise ValueError(f"{where} has unexpected field(s) {unknown}")
     if missing:
         raise ValueError(f"{where} is missing field(s) {missing}")
 

@@ -234,6 +234,11 @@ class CanonicalJson:
         return decode_json(self.data, max_bytes=max(len(self.data), MAX_JSON_BYTES))
 
     @property
+    def encoded(self) -> bytes:
+        """The canonical bytes (the name vLLM-Omni's reference uses for `data`)."""
+        return self.data
+
+    @property
     def sha256(self) -> str:
         """Hex SHA-256 of the canonical bytes."""
         return hashlib.sha256(self.data).hexdigest()

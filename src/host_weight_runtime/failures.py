@@ -27,6 +27,13 @@ class ResolutionStage(str, enum.Enum):
     LEASE = "lease"
     CLEANUP = "cleanup"
 
+    # vLLM-Omni's reference names for the same stages (aliases: same members, never listed or reported).
+    VALIDATION = "lookup"
+    CAPACITY = "publication"
+    RESTORATION = "restore"
+    LIFECYCLE = "lease"
+    CANONICAL_LOADING = "canonical"
+
 
 class FailureCode(str, enum.Enum):
     """Stable, programmatic failure codes; never match on message text."""
@@ -39,6 +46,7 @@ class FailureCode(str, enum.Enum):
     UNSAFE_PERMISSIONS = "unsafe_permissions"
     DOMAIN_POLICY_CONFLICT = "domain_policy_conflict"
     DOMAIN_INVALID = "domain_invalid"
+    DOMAIN_UNAVAILABLE = "domain_unavailable"  # the root cannot be opened (missing, a file, unreachable): retryable
     STORE_INIT_FAILED = "store_init_failed"
     LOCK_TIMEOUT = "lock_timeout"
     IO_ERROR = "io_error"
@@ -63,6 +71,28 @@ class FailureCode(str, enum.Enum):
     RESTORE_FAILED = "restore_failed"
     REMOTE_FAILED = "remote_failed"
     NOT_FOUND = "not_found"
+
+    # vLLM-Omni's reference names, as aliases of the code this runtime reports in the same case: code written
+    # for the reference compares against them unchanged. Never listed, never reported (`.value` is ours).
+    INVALID_CONFIG = "invalid_configuration"
+    COHORT_POLICY_MISMATCH = "invalid_configuration"
+    DOMAIN_POLICY_MISMATCH = "domain_policy_conflict"
+    NUMA_PLACEMENT_INVALID = "unsupported"
+    LOCAL_MISS = "not_found"
+    ACTIVE_BUILD_TIMEOUT = "lock_timeout"
+    MANIFEST_CORRUPT = "manifest_invalid"
+    REMOTE_MISS = "remote_failed"
+    REMOTE_UNAVAILABLE = "remote_failed"
+    REMOTE_AUTH_FAILED = "remote_failed"
+    REMOTE_TIMEOUT = "remote_failed"
+    REMOTE_ARTIFACT_INVALID = "remote_failed"
+    PRODUCER_UNAVAILABLE = "not_found"
+    PRODUCTION_TIMEOUT = "lock_timeout"
+    ENOSPC = "no_space"
+    RESTORER_UNAVAILABLE = "restore_failed"
+    RESTORE_PREFLIGHT_FAILED = "restore_failed"
+    RESTORE_COMMIT_FAILED = "restore_failed"
+    QUARANTINE_FAILED = "io_error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +143,7 @@ def failure(
     return HostWeightFailure(stage, code, retryable, message, CanonicalJson.from_value(details))
 
 
-class HostWeightError(Exception):
+class HostWeightError(RuntimeError):
     """The exception form of a `HostWeightFailure`, used inside the library and by callers of REQUIRED."""
 
     def __init__(self, failure: HostWeightFailure) -> None:

@@ -6,11 +6,12 @@ that hold the same bytes must find the same artifact.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ._records import Field, Integer, Json, Nested, RecordSpec, Text
-from ._strict import require_int_field
+from ._strict import get_str, require_int_field, require_str_field
 from .canonical_json import CanonicalJson, JsonValue, canonical_sha256, encode_canonical
 
 IDENTITY_SCHEMA_VERSION = 1
@@ -144,20 +145,38 @@ class RuntimeWeightLayout:
 
 
 @dataclass(frozen=True, slots=True)
+class _AdapterFingerprint:
+    """A merged adapter's fingerprint: None for base weights, written as "" so keys stay as they were."""
+
+    def check(self, value: object, name: str) -> None:
+        if value is not None:
+            require_str_field(value, name, allow_empty=True)
+
+    def encode(self, value: Any) -> JsonValue:
+        return "" if value is None else value  # type: ignore[no-any-return]  # checked to be str or None
+
+    def decode(self, obj: Mapping[str, object], key: str, where: str) -> object:
+        return get_str(obj, key, where)
+
+
+@dataclass(frozen=True, slots=True)
 class AdaptationIdentity:
     """Base weights, or a statically merged adapter identified by its fingerprint."""
 
     SPEC: ClassVar[RecordSpec] = RecordSpec(
         "AdaptationIdentity",
         "adaptation",
-        (Field("kind", Text()), Field("fingerprint", Text(allow_empty=True)), Field("metadata", Json())),
+        (Field("kind", Text()), Field("fingerprint", _AdapterFingerprint()), Field("metadata", Json())),
     )
 
     kind: str = BASE_ADAPTATION
-    fingerprint: str = ""
+    fingerprint: str | None = None
+    """None (or "", normalised to None) for base weights; the canonical form writes it as ""."""
     metadata: CanonicalJson = field(default_factory=CanonicalJson.empty)
 
     def __post_init__(self) -> None:
+        if self.fingerprint == "":
+            object.__setattr__(self, "fingerprint", None)
         self.SPEC.check(self)
         if self.kind == BASE_ADAPTATION and self.fingerprint:
             raise ValueError("a base AdaptationIdentity carries no fingerprint")
@@ -253,6 +272,11 @@ class WeightArtifactIdentity:
 
     def canonical_json(self) -> CanonicalJson:
         return CanonicalJson(encode_canonical(self.to_dict()))
+
+    @property
+    def canonical_bytes(self) -> bytes:
+        """The canonical JSON bytes `key` hashes: equal bytes, same artifact."""
+        return encode_canonical(self.to_dict())
 
     @classmethod
     def from_canonical_json(cls, data: CanonicalJson | bytes) -> WeightArtifactIdentity:

@@ -10,6 +10,7 @@ that views it is gone, so closing can never leave a dangling tensor.
 from __future__ import annotations
 
 import enum
+import hashlib
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from ._faults import fault_point
-from .canonical_json import JsonValue
+from .canonical_json import JsonValue, encode_canonical
 from .failures import FailureCode, HostWeightFailure, ResolutionStage, raise_failure
 from .identity import WeightArtifactIdentity
 from .manifest import WeightManifest
@@ -47,6 +48,14 @@ class LeaseProvenance:
     validation: ValidationLevel
     pid: int
     acquired_at_ns: int
+    backing_fingerprint: str = ""
+    """SHA-256 of the exact files this lease maps (name, device, inode, size) with the domain and publication:
+    two leases share pages exactly when their fingerprints match. Empty for a lease built outside a store."""
+
+    @property
+    def origin(self) -> str:
+        """Where the artifact's bytes came from: `remote` for an import, else `producer`."""
+        return "remote" if self.source is LeaseSource.REMOTE_IMPORT else "producer"
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
@@ -57,7 +66,16 @@ class LeaseProvenance:
             "validation": self.validation.value,
             "pid": self.pid,
             "acquired_at_ns": self.acquired_at_ns,
+            "backing_fingerprint": self.backing_fingerprint,
         }
+
+
+def backing_fingerprint(domain_id: str, publication_id: str, regions: tuple[MappedHostRegion, ...]) -> str:
+    """The `LeaseProvenance.backing_fingerprint` of a lease mapping `regions` of one publication."""
+    digest = hashlib.sha256(encode_canonical({"domain_id": domain_id, "publication_id": publication_id}))
+    for region in regions:
+        digest.update(encode_canonical([region.file, region.device, region.inode, region.length]))
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +87,16 @@ class MappedHostRegion:
     length: int
     device: int
     inode: int
+
+    @property
+    def file_name(self) -> str:
+        """The payload file's name inside the artifact (vLLM-Omni's name for `file`)."""
+        return self.file
+
+    @property
+    def read_only(self) -> bool:
+        """Always True: the mapping is private copy-on-write, so a write never reaches the artifact."""
+        return True
 
 
 class LeaseBackgroundWork(Protocol):
@@ -249,7 +277,7 @@ class HostWeightLease:
 
     def __reduce__(self) -> NoReturn:
         raise TypeError(
-            "HostWeightLease cannot be pickled: it owns mappings and a lock of this process; "
+            "HostWeightLease cannot be pickled: it is process-local, owning mappings and a lock of this process; "
             "send the identity and look it up in the other process"
         )
 
@@ -292,3 +320,21 @@ class HostWeightLeaseCarrier:
             lease, self._lease = self._lease, None
         if lease is not None:
             lease.close()
+
+    def __copy__(self) -> NoReturn:
+        raise TypeError(_CARRIER_NOT_COPYABLE)
+
+    def __deepcopy__(self, memo: object) -> NoReturn:
+        raise TypeError(_CARRIER_NOT_COPYABLE)
+
+    def __reduce_ex__(self, protocol: object) -> NoReturn:
+        raise TypeError(_CARRIER_NOT_COPYABLE)
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(_CARRIER_NOT_COPYABLE)
+
+
+_CARRIER_NOT_COPYABLE = (
+    "HostWeightLeaseCarrier cannot be serialized, copied or pickled: it hands its lease to exactly one owner; "
+    "pass the carrier itself, or send the identity and look it up in the other process"
+)

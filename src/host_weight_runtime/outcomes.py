@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .canonical_json import JsonValue
@@ -14,6 +15,11 @@ if TYPE_CHECKING:
     from .lease import HostWeightLease
 
 
+def new_resolution_id() -> str:
+    """A fresh id for one resolve or publication call (32 lowercase hex characters)."""
+    return uuid.uuid4().hex
+
+
 class StoreStatus(str, enum.Enum):
     """What one store call found or did."""
 
@@ -22,6 +28,7 @@ class StoreStatus(str, enum.Enum):
     BUILT = "built"
     JOINED = "joined"
     INVALID = "invalid"
+    TIMEOUT = "timeout"  # a lock wait ran out; carries a (retryable) failure and is decided like FAILED
     FAILED = "failed"
 
 
@@ -40,7 +47,7 @@ class StoreResult:
         has_lease = self.status in (StoreStatus.HIT, StoreStatus.BUILT, StoreStatus.JOINED)
         if has_lease != (self.lease is not None):
             raise ValueError(f"StoreResult {self.status.value} {'needs' if has_lease else 'cannot carry'} a lease")
-        needs_failure = self.status in (StoreStatus.INVALID, StoreStatus.FAILED)
+        needs_failure = self.status in (StoreStatus.INVALID, StoreStatus.TIMEOUT, StoreStatus.FAILED)
         if needs_failure and self.failure is None:
             raise ValueError(f"StoreResult {self.status.value} needs a failure")
 
@@ -123,6 +130,10 @@ class ResolutionAttempt:
     failure: HostWeightFailure | None = None
     detail: str = ""
 
+    @property
+    def elapsed_seconds(self) -> float:
+        return self.elapsed_s
+
     def to_dict(self) -> dict[str, JsonValue]:
         return {
             "stage": self.stage.value,
@@ -145,9 +156,16 @@ class ResolutionReport:
     elapsed_s: float
     failure: HostWeightFailure | None = None
     publication_id: str | None = None
+    resolution_id: str = field(default_factory=new_resolution_id)
+    """Unique per resolve: joins this report to logs, metrics and the lease it handed out."""
+
+    @property
+    def elapsed_seconds(self) -> float:
+        return self.elapsed_s
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
+            "resolution_id": self.resolution_id,
             "identity_key": self.identity_key,
             "mode": self.mode,
             "outcome": self.outcome.value,
@@ -188,9 +206,16 @@ class PostLoadPublicationReport:
     elapsed_s: float
     failure: HostWeightFailure | None = None
     publication_id: str | None = None
+    resolution_id: str = field(default_factory=new_resolution_id)
+    """Unique per publication call (vLLM-Omni's reference calls it `operation_id`)."""
+
+    @property
+    def elapsed_seconds(self) -> float:
+        return self.elapsed_s
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {
+            "resolution_id": self.resolution_id,
             "identity_key": self.identity_key,
             "status": self.status.value,
             "elapsed_s": self.elapsed_s,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ._digest import DEFAULT_DIGEST_ALGORITHM, DigestAlgorithm
@@ -110,6 +111,14 @@ class TensorFileWriter(Protocol):
     def write_rows(self, name: str, start_row: int, tensor: torch.Tensor) -> None: ...
 
     def close(self) -> None: ...
+
+    def __enter__(self) -> TensorFileWriter:
+        """`with writer.open_tensor_file(...) as f:` closes the file when the block succeeds."""
+        ...
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None: ...
 
 
 @runtime_checkable

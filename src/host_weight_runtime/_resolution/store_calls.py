@@ -119,6 +119,8 @@ def call_store(
             result_type=type(result).__name__,
         )
     key = identity.key
+    if result.status is StoreStatus.TIMEOUT and result.failure is not None and result.lease is None:
+        return None, result.failure  # a timed-out wait is a failure like any other: its retryability decides
     problem: str | None = None
     if result.status not in allowed:
         problem = f"the store returned status {result.status.value} during {stage.value}"

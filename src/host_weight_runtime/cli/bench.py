@@ -92,6 +92,13 @@ def register(commands: Subcommands) -> None:
         metavar="FILE",
         help="with --plots: draw the charts of an existing results JSON instead of running the benchmark",
     )
+    sub.add_argument(
+        "--vllm-omni",
+        action="store_true",
+        help="instead: this runtime's store and vLLM-Omni's reference store (vllm-omni==0.30.0, installed "
+        "--no-deps) on the same seeded BF16 tensors: cold publish, warm hit, --workers workers' PSS",
+    )
+    sub.add_argument("--vllm-omni-mib", type=positive_int, default=256, metavar="MIB", help="BF16 MiB for --vllm-omni")
     add_json_option(sub)
 
 
@@ -102,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         return _plots_from_json(args)
     if args.serve:
         return _run_serve(args)
+    if args.vllm_omni:
+        return _run_store_peer(args)
     # The tools are their own package, imported only here (C08).
     with tools_needed("bench"):
         from hwr_tools.bench.report import markdown, result_path
@@ -211,6 +220,41 @@ def _run_serve(args: argparse.Namespace) -> int:
 
         stdout_console().print(Markdown(text))
     _draw(data, args.plots)
+    return EXIT_OK
+
+
+def _run_store_peer(args: argparse.Namespace) -> int:
+    """`hwr bench --vllm-omni`: the reference store as a peer row, written next to the other results."""
+    with tools_needed("bench"):
+        from hwr_tools.bench.report import result_path
+        from hwr_tools.bench.store_peer import (
+            StorePeerOptions,
+            reference_unavailable_reason,
+            run_store_peer_bench,
+            store_peer_markdown,
+        )
+
+    out_dir: Path = args.out if args.out is not None else _default_results_dir()
+    if not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is not a directory")
+    reason = reference_unavailable_reason()
+    if reason is not None:
+        raise UsageError(reason)
+    options = StorePeerOptions(
+        size_mib=args.vllm_omni_mib, rounds=args.runs or 3, workers=args.workers, workdir=args.workdir
+    )
+    with stderr_console().status("hwr bench --vllm-omni: alternating rounds"):
+        data = run_store_peer_bench(options)
+    json_path = result_path(out_dir, "-vllm-omni.json")
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    text = store_peer_markdown(data)
+    result_path(out_dir, "-vllm-omni.md").write_text(text)
+    if args.json:
+        print_json(data)
+    else:
+        from rich.markdown import Markdown
+
+        stdout_console().print(Markdown(text))
     return EXIT_OK
 
 

@@ -12,7 +12,7 @@ import time
 from .._faults import fault_point
 from ..failures import HostWeightError, HostWeightFailure, ResolutionStage
 from ..identity import WeightArtifactIdentity
-from ..lease import HostWeightLease, LeaseProvenance, LeaseSource
+from ..lease import HostWeightLease, LeaseProvenance, LeaseSource, backing_fingerprint
 from ..outcomes import StoreResult, StoreStatus
 from ..tensors import ValidationLevel
 from ._deny import DenyMarkers
@@ -166,6 +166,7 @@ class ArtifactLookup:
         """
         key = identity.key  # computed, not cached: hash it once
         touch_lock_file(lock.path)
+        regions = validated.regions()
         provenance = LeaseProvenance(
             source=source,
             domain_id=self._domain_id,
@@ -174,8 +175,8 @@ class ArtifactLookup:
             validation=validation,
             pid=os.getpid(),
             acquired_at_ns=time.time_ns(),
+            backing_fingerprint=backing_fingerprint(self._domain_id, validated.marker.publication_id, regions),
         )
-        regions = validated.regions()
         mappings = validated.mappings()
         background = (
             BackgroundPrefault([(region.address, region.length) for region in regions], mappings)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from .._digest import DigestAlgorithm
@@ -260,6 +261,16 @@ class StagingTensorFileWriter:
         if self._caller_hashes and not self._closed:
             self._owner._guarded(self._refuse_unhashed_close)
         self._owner._guarded(self._close)
+
+    def __enter__(self) -> StagingTensorFileWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        """Close on success; after an error leave the file unclosed, so the failed build discards it whole."""
+        if exc_type is None:
+            self.close()
 
     def close_hashed(self, tensor_digests: Sequence[str]) -> None:
         """Close a file opened with `caller_hashes`: record the caller's digests instead of reading the file back.

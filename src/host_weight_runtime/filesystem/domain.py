@@ -229,8 +229,8 @@ def open_domain(
     huge_pages = (mount.option("huge") or "never") if detected is StorageClass.TMPFS else None
     layout = DomainLayout(root)
 
-    # (b) the root itself
-    _ensure_private_dir(root, "domain root", parents=True)
+    # (b) the root itself: one that cannot be opened is DOMAIN_UNAVAILABLE (retryable), one refused is not
+    _ensure_private_dir(root, "domain root", parents=True, unavailable_if_unopenable=True)
 
     # (c) the init lock
     _ensure_private_dir(layout.locks, "lock directory")
@@ -318,9 +318,44 @@ def _check_locality(
     return mount, detected
 
 
-def _ensure_private_dir(path: Path, what: str, *, parents: bool = False) -> None:
-    """Create `path` 0700 if missing, then insist it is our own, non-shared-writable directory."""
+# Errors that say the root cannot be opened here and now (missing and not creatable, a file on the path,
+# an unreachable mount), as opposed to a root HWR refuses by policy: the first kind is DOMAIN_UNAVAILABLE.
+_UNOPENABLE_ERRNOS = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EEXIST,
+        errno.ENOTCONN,
+        errno.ESTALE,
+        errno.EIO,
+        errno.ETIMEDOUT,
+        errno.EHOSTDOWN,
+        errno.ENODEV,
+        errno.ENXIO,
+    }
+)
+
+
+def _ensure_private_dir(
+    path: Path, what: str, *, parents: bool = False, unavailable_if_unopenable: bool = False
+) -> None:
+    """Create `path` 0700 if missing, then insist it is our own, non-shared-writable directory.
+
+    With `unavailable_if_unopenable` (the root), a path that cannot be created or reached, or that is not a
+    directory, is DOMAIN_UNAVAILABLE and retryable: PREFERRED serves canonically instead of failing (R11).
+    """
+
+    def os_failure(exc: OSError, doing: str) -> HostWeightError:
+        if unavailable_if_unopenable and exc.errno in _UNOPENABLE_ERRNOS:
+            return _unavailable(path, f"cannot be {doing}: {errno_name(exc.errno)} ({exc.strerror})", exc.errno)
+        return _os_failure(exc, f"{doing} the {what} {path}")
+
     try:
+        if unavailable_if_unopenable:
+            fault_point("domain.open_root")  # tests stand in an unreachable mount (ENOTCONN, ESTALE) here
         if parents:
             os.makedirs(path.parent, exist_ok=True)
         os.mkdir(path, _DIR_MODE)
@@ -328,15 +363,17 @@ def _ensure_private_dir(path: Path, what: str, *, parents: bool = False) -> None
     except FileExistsError:
         pass  # checked below exactly like a directory we just created
     except OSError as exc:
-        raise _os_failure(exc, f"creating the {what} {path}") from exc
+        raise os_failure(exc, "creating") from exc
     try:
         info = os.lstat(path)
     except OSError as exc:
-        raise _os_failure(exc, f"inspecting the {what} {path}") from exc
+        raise os_failure(exc, "inspecting") from exc
     problem: str | None = None
     if stat.S_ISLNK(info.st_mode):
         problem = "is a symlink; it must be a real directory"
     elif not stat.S_ISDIR(info.st_mode):
+        if unavailable_if_unopenable:
+            raise _unavailable(path, "is not a directory", None)
         problem = "is not a directory"
     elif info.st_uid != os.geteuid():
         problem = f"belongs to uid {info.st_uid}, not to the current user (uid {os.geteuid()})"
@@ -352,6 +389,18 @@ def _ensure_private_dir(path: Path, what: str, *, parents: bool = False) -> None
             mode=stat.S_IMODE(info.st_mode),
             uid=info.st_uid,
         )
+
+
+def _unavailable(root: Path, problem: str, error_number: int | None) -> HostWeightError:
+    return raise_failure(
+        _STAGE,
+        FailureCode.DOMAIN_UNAVAILABLE,
+        f"the domain root {root} {problem}; the domain cannot be opened, so PREFERRED loads canonically and "
+        "REQUIRED fails: create the directory (0700, owned by this user) or set HWR_ROOT to one that can be",
+        retryable=True,
+        root=str(root),
+        errno=None if error_number is None else errno_name(error_number),
+    )
 
 
 def _os_failure(exc: OSError, what: str) -> HostWeightError:
@@ -490,7 +539,8 @@ def _load_or_create_policy(layout: DomainLayout, requested: CapacityPolicy | Non
             _STAGE,
             FailureCode.DOMAIN_POLICY_CONFLICT,
             f"the domain at {layout.root} already has capacity policy {stored.to_dict()} and the first "
-            f"writer's policy is authoritative; this process asked for {requested.to_dict()}. Give every "
+            f"writer's policy is authoritative; this process's capacity policy differs: {requested.to_dict()}. "
+            "Give every "
             "worker the same HWR_MAX_ARTIFACT_BYTES / HWR_MAX_STORE_BYTES / HWR_MIN_FREE_BYTES, pass no "
             "capacity policy to adopt the stored one, or use a different HWR_ROOT",
             root=str(layout.root),

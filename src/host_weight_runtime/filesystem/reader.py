@@ -96,15 +96,25 @@ class ValidatedArtifact:
     payloads: tuple[MappedPayload, ...]
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """Zero-copy views of every tensor, in manifest order."""
-        by_file = {payload.entry.name: (payload, payload.base()) for payload in self.payloads}
+        """Zero-copy views of every tensor, in manifest order, each over its own storage.
+
+        One storage per tensor (not one per file): a consumer that tells tensors apart by storage, as
+        vLLM-Omni's restorer does to refuse aliases, sees distinct tensors; the bytes are the mapping's.
+        """
+        import torch
+
+        by_file = {payload.entry.name: payload for payload in self.payloads}
         views: dict[str, torch.Tensor] = {}
         for entry in self.manifest.tensors:
-            payload, base = by_file[entry.file]
+            payload = by_file[entry.file]
             start = payload.entry.header_size + entry.data_offsets[0]
-            end = payload.entry.header_size + entry.data_offsets[1]
             dtype = dtype_from_code(entry.dtype)
-            views[entry.name] = base[start:end].view(dtype).reshape(entry.shape)
+            count = (entry.data_offsets[1] - entry.data_offsets[0]) // dtype.itemsize
+            if count:
+                flat = torch.frombuffer(payload.mapping, dtype=dtype, offset=start, count=count)
+            else:  # frombuffer refuses an empty range; an empty tensor has no bytes to share
+                flat = payload.base()[start:start].view(dtype)
+            views[entry.name] = flat.reshape(entry.shape)
         return views
 
     def regions(self) -> tuple[MappedHostRegion, ...]:
