@@ -153,7 +153,7 @@ class _AdapterFingerprint:
             require_str_field(value, name, allow_empty=True)
 
     def encode(self, value: Any) -> JsonValue:
-        return "" if value is None else value  # type: ignore[no-any-return]  # checked to be str or None
+        return "" if value is None else value
 
     def decode(self, obj: Mapping[str, object], key: str, where: str) -> object:
         return get_str(obj, key, where)
