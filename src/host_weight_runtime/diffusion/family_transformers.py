@@ -26,6 +26,7 @@ import torch
 from ..canonical_json import CanonicalJson, JsonValue, decode_json
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, raise_failure, usage_error
 from ..lease import HostWeightLease
+from ._binding_plans import BINDING_PLANS, binding_plan_key
 from ._load_options import LoadOptions
 from .dtype_policies import TRANSFORMERS_RESTORER_SCHEMA, ModelFamilyName
 from .identity_adapter import FinalLayoutIdentityContext
@@ -311,8 +312,19 @@ def checkpoint_bindings(model: torch.nn.Module, source: PreparedWeightSource) ->
     Every other model tensor must come from the checkpoint: one transformers would initialize at
     random (a key the checkpoint lacks) makes the component UNSUPPORTED, so it is loaded canonically.
     """
-    keys = _renamed_keys(model, _checkpoint_keys(source))
+    checkpoint_keys = _checkpoint_keys(source)
     ties = dict(getattr(model, "all_tied_weights_keys", None) or {})
+    keys, aliases = BINDING_PLANS.plan(
+        binding_plan_key(model, checkpoint_keys, ties), lambda: _bind(model, source, checkpoint_keys, ties)
+    )
+    return dict(keys), dict(aliases)
+
+
+def _bind(
+    model: torch.nn.Module, source: PreparedWeightSource, checkpoint_keys: list[str], ties: dict[str, str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """`checkpoint_bindings` computed: transformers' renaming of every key, the effective ties, the lacking check."""
+    keys = _renamed_keys(model, checkpoint_keys)
     aliases = _effective_ties(ties, set(keys))
     lacking = sorted(set(model.state_dict()) - set(keys) - set(aliases))
     if lacking:
@@ -360,19 +372,31 @@ def _check_bound(model: torch.nn.Module, context: FinalLayoutIdentityContext, le
 def _finish_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
     """What `from_pretrained(state_dict=...)` does after it built the model, done on the skeleton built once.
 
-    transformers' own steps, in its order: its dtype plan and weight conversions, the state-dict load
-    (which binds the given tensors without a copy), then its finalization (non-persistent buffers off
-    `meta`, initialization of anything still missing, ties), evaluation mode and no kernels.
+    The state is keyed by the model's own names in their final dtypes (the artifact holds them so), so
+    transformers' renaming, casting and loader threads have nothing to do: each tensor is placed with
+    its own `set_param_for_module` (a view, no copy, flagged initialized), then its finalization runs
+    (non-persistent buffers off `meta`, initialization of anything still missing, ties), evaluation mode
+    and no kernels. No conversion rule matched a model name, so none is kept for saving, as after a load.
     """
-    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import dot_natural_key, set_param_for_module
     from transformers.modeling_utils import LoadStateDictConfig
+    from transformers.utils.loading_report import LoadStateDictInfo
 
     model_class: Any = type(model)
     pretrained: Any = model
-    conversions: Any = get_model_conversion_mapping(pretrained, None, None)  # what from_pretrained passes
-    plan = pretrained._get_dtype_plan(dtype)
-    load_config = LoadStateDictConfig(dtype=dtype, dtype_plan=plan, weight_mapping=conversions)
-    loading_info, _offload = model_class._load_pretrained_model(pretrained, state, None, load_config)
+    load_config = LoadStateDictConfig(dtype=dtype, dtype_plan=pretrained._get_dtype_plan(dtype), weight_mapping=[])
+    loading_info = LoadStateDictInfo(
+        missing_keys=set(model.state_dict()),
+        unexpected_keys=set(),
+        mismatched_keys=set(),
+        conversion_errors={},
+        error_msgs=[],
+        skipped_pp_keys=set(),
+    )
+    place: Any = set_param_for_module  # its quantizer argument is typed non-optional; None is "no quantizer"
+    for name in sorted(state, key=dot_natural_key):
+        place(pretrained, name, state[name][...], loading_info, None)
+    pretrained._weight_conversions = []
     model_class._finalize_model_loading(pretrained, load_config, loading_info)
     model.eval()
     pretrained.set_use_kernels(False, None)

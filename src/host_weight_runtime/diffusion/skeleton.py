@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,7 @@ from .source_identity import PreparedWeightSource
 
 __all__ = [
     "LOADER_ID",
+    "SKELETON_BUILDS",
     "ComponentHolder",
     "ComponentSkeleton",
     "IdentifiedComponent",
@@ -65,6 +67,28 @@ _KEY_MAPPING = {
 LOADER_ID = "host_weight_runtime.diffusion.load_component"
 """The loader every artifact of a component load names (with `_LOADER_VERSION`) in its identity."""
 _LOADER_VERSION = "1"
+
+
+class SkeletonBuilds:
+    """How many `meta` skeletons this process has built, by model class name: one per component load."""
+
+    __slots__ = ("_guard", "by_class")
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self.by_class: dict[str, int] = {}
+
+    def count(self, model_class: type[Any]) -> None:
+        with self._guard:
+            self.by_class[model_class.__name__] = self.by_class.get(model_class.__name__, 0) + 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._guard:
+            return dict(self.by_class)
+
+
+SKELETON_BUILDS = SkeletonBuilds()
+"""Every skeleton `prepare_skeleton` builds, counted: a load builds each component's once, and nothing else does."""
 
 
 class ComponentHolder(torch.nn.Module):
@@ -166,6 +190,7 @@ def prepare_skeleton(
     family, model_class = component_model_class(source, family, clock)
     with usage_errors():
         model = family.build_skeleton(model_class, source.resolved_root, location.name_or_path, options.dtype)
+    SKELETON_BUILDS.count(model_class)
     holder = ComponentHolder()
     holder.add_module(location.component_name, model)
     contract = contract_for_model(model, options.dtype)

@@ -1,0 +1,51 @@
+"""A warm whole pipeline at its limit (X01): each skeleton built once, nothing cacheable done twice in a process.
+
+A tiny Flux pipeline (diffusers transformer and VAE, transformers CLIP and T5 encoders) is
+prewarmed; one fresh spawned worker then runs two warm `load_pipeline` calls. Model
+constructions are counted with torch's global submodule-registration hook, the per-process work
+(checkpoint bindings, tensor ownership, manifest parses, manifest checks) with the runtime's own
+counters; the images are compared bit for bit with canonical `from_pretrained` in the same worker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from host_weight_runtime.diffusion import prewarm_pipeline
+from host_weight_runtime.tools.synthetic_pipelines import pipeline_kind, save_tiny_pipeline
+
+from ._pipelines import runtime_at
+from ._warm_pipeline_child import two_warm_loads
+from .support import recv_within, spawned_child
+
+SERVED = {
+    "transformer": "FluxTransformer2DModel",
+    "vae": "AutoencoderKL",
+    "text_encoder": "CLIPTextModel",
+    "text_encoder_2": "T5EncoderModel",
+}
+
+
+def test_a_warm_pipeline_builds_each_skeleton_once_and_repeats_no_cacheable_work(tmp_path: Path) -> None:
+    """X01: each warm load constructs exactly one model per served component (its `meta` skeleton, which the
+    restore fills: transformers encoders included, no second model); the second load in the process computes
+    no checkpoint bindings, tensor ownership, manifest parse or manifest check again; both images equal
+    canonical `from_pretrained` bit for bit (P01)."""
+    folder = save_tiny_pipeline(tmp_path / "flux", "flux")
+    store = tmp_path / "domain"
+    prewarm_pipeline(folder, torch_dtype=pipeline_kind("flux").torch_dtype, runtime=runtime_at(store))
+    classes = sorted(SERVED.values())
+    with spawned_child(two_warm_loads, str(folder), str(store), classes) as conn:
+        loads: Any = recv_within(conn, 600.0)
+    assert len(loads) == 2
+    one_each = dict.fromkeys(classes, 1)
+    for load in loads:
+        assert load["outcomes"] == dict.fromkeys(SERVED, "local_hit")
+        assert load["models_constructed"] == one_each
+        assert load["skeletons_built"] == one_each
+        assert load["image_equal"]
+    first, second = (load["repeated"] for load in loads)
+    assert first["binding_computations"] == 2  # the two transformers encoders
+    assert first["ownership_discoveries"] == first["manifest_parses"] == first["layout_checks"] == len(SERVED)
+    assert second == dict.fromkeys(first, 0)
