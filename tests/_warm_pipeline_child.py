@@ -27,6 +27,7 @@ from ._pipelines import canonical_image, image, runtime_at
 def _counters() -> dict[str, int]:
     return {
         "binding_computations": BINDING_PLANS.computations,
+        "binding_renamings": BINDING_PLANS.renamings,
         "ownership_discoveries": OWNERSHIP_PLANS.discoveries,
         "manifest_parses": PARSED_MANIFESTS.parses,
         "layout_checks": CHECKED_LAYOUTS.checks,

@@ -26,7 +26,13 @@ import torch
 from ..canonical_json import CanonicalJson, JsonValue, decode_json
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, raise_failure, usage_error
 from ..lease import HostWeightLease
-from ._binding_plans import BINDING_PLANS, binding_plan_key
+from ._binding_plans import (
+    BINDING_PLANS,
+    binding_plan_key,
+    bindings_from_record,
+    bindings_record,
+    node_binding_key,
+)
 from ._load_options import LoadOptions
 from .dtype_policies import TRANSFORMERS_RESTORER_SCHEMA, ModelFamilyName
 from .identity_adapter import FinalLayoutIdentityContext
@@ -34,7 +40,7 @@ from .model_family import ImportClock
 from .models import is_transformers_model
 from .producers._checkpoint import read_safetensors_header
 from .restorer import FinalLayoutTensorRestorer, restore_error
-from .source_identity import PreparedWeightSource
+from .source_identity import NodeSourceDigestCache, PreparedWeightSource
 
 __all__ = [
     "TRANSFORMERS_FAMILY",
@@ -221,9 +227,9 @@ class TransformersFamily:
         return model
 
     def checkpoint_bindings(
-        self, model: torch.nn.Module, source: PreparedWeightSource
+        self, model: torch.nn.Module, source: PreparedWeightSource, records: NodeSourceDigestCache | None = None
     ) -> tuple[dict[str, str], dict[str, str]]:
-        return checkpoint_bindings(model, source)
+        return checkpoint_bindings(model, source, records)
 
 
 TRANSFORMERS_FAMILY = TransformersFamily()
@@ -306,24 +312,48 @@ def _effective_ties(ties: Mapping[str, str], present: set[str]) -> dict[str, str
     return aliases
 
 
-def checkpoint_bindings(model: torch.nn.Module, source: PreparedWeightSource) -> tuple[dict[str, str], dict[str, str]]:
+def checkpoint_bindings(
+    model: torch.nn.Module, source: PreparedWeightSource, records: NodeSourceDigestCache | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
     """(model name -> checkpoint key, alias -> owner) for a skeleton, both as transformers' loading decides them.
 
     Every other model tensor must come from the checkpoint: one transformers would initialize at
     random (a key the checkpoint lacks) makes the component UNSUPPORTED, so it is loaded canonically.
+    Kept per process, and with the node's cache (`records`) recorded for the node's next worker.
     """
     checkpoint_keys = _checkpoint_keys(source)
     ties = dict(getattr(model, "all_tied_weights_keys", None) or {})
-    keys, aliases = BINDING_PLANS.plan(
-        binding_plan_key(model, checkpoint_keys, ties), lambda: _bind(model, source, checkpoint_keys, ties)
-    )
+    key = binding_plan_key(model, checkpoint_keys, ties)
+    keys, aliases = BINDING_PLANS.plan(key, lambda: _bind_on_node(model, source, checkpoint_keys, ties, records))
     return dict(keys), dict(aliases)
+
+
+def _bind_on_node(
+    model: torch.nn.Module,
+    source: PreparedWeightSource,
+    checkpoint_keys: list[str],
+    ties: dict[str, str],
+    records: NodeSourceDigestCache | None,
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The node's record of these bindings where one fits the skeleton exactly; else computed (and recorded)."""
+    if records is None:
+        return _bind(model, source, checkpoint_keys, ties)
+    key = node_binding_key(model, checkpoint_keys, ties)
+    recorded = records.derived_value(key)
+    if recorded is not None:
+        found = bindings_from_record(recorded, set(model.state_dict()), checkpoint_keys)
+        if found is not None:
+            return found
+    keys, aliases = _bind(model, source, checkpoint_keys, ties)
+    records.record_derived(key, bindings_record(keys, aliases))
+    return keys, aliases
 
 
 def _bind(
     model: torch.nn.Module, source: PreparedWeightSource, checkpoint_keys: list[str], ties: dict[str, str]
 ) -> tuple[dict[str, str], dict[str, str]]:
     """`checkpoint_bindings` computed: transformers' renaming of every key, the effective ties, the lacking check."""
+    BINDING_PLANS.count_renaming()
     keys = _renamed_keys(model, checkpoint_keys)
     aliases = _effective_ties(ties, set(keys))
     lacking = sorted(set(model.state_dict()) - set(keys) - set(aliases))

@@ -45,7 +45,7 @@ from .identity_adapter import (
 )
 from .model_family import ImportClock, ModelFamily
 from .models import contract_for_model
-from .source_identity import PreparedWeightSource
+from .source_identity import NodeSourceDigestCache, PreparedWeightSource
 
 __all__ = [
     "LOADER_ID",
@@ -178,13 +178,15 @@ def prepare_skeleton(
     family: ModelFamily | None = None,
     clock: ImportClock | None = None,
     source: PreparedWeightSource | None = None,
+    records: NodeSourceDigestCache | None = None,
 ) -> ComponentSkeleton:
     """The source files, model class, `meta` skeleton and request: everything but the hashing.
 
     `source=None` reads the checkpoint where `location` says (a load by name passes the one the remote's
-    index records). `family=None` takes the family the folder's config.json names. A transformers component whose
-    checkpoint an artifact cannot reproduce (pickle only, a tensor it lacks, both names of a tie)
-    raises UNSUPPORTED here, so the load falls back (PREFERRED) or fails typed (REQUIRED).
+    index records). `family=None` takes the family the folder's config.json names. `records` is the node's
+    cache, where what a family derives from the checkpoint (a transformers one's bindings) is shared. A
+    transformers component whose checkpoint an artifact cannot reproduce (pickle only, a tensor it lacks,
+    both names of a tie) raises UNSUPPORTED here, so the load falls back (PREFERRED) or fails typed (REQUIRED).
     """
     source = checkpoint_source(location, options) if source is None else source
     family, model_class = component_model_class(source, family, clock)
@@ -202,7 +204,7 @@ def prepare_skeleton(
         ),
         parallel=parallel,
     )
-    keys, aliases = family.checkpoint_bindings(model, source)
+    keys, aliases = family.checkpoint_bindings(model, source, records)
     prefix = f"{location.component_name}."
     return ComponentSkeleton(
         location,
