@@ -55,7 +55,7 @@ def test_a_warm_pipeline_builds_each_skeleton_once_and_repeats_no_cacheable_work
         assert load["image_equal"]
     first, second = (load["repeated"] for load in loads)
     assert first["binding_computations"] == 2  # the two transformers encoders, each read from the node's record
-    assert first["binding_renamings"] == 0  # prewarm recorded both: transformers' conversion mapping is not built
+    assert first["binding_renamings"] == 0  # the prewarm recorded both: no conversion mapping is built
     assert first["ownership_discoveries"] == first["manifest_parses"] == first["layout_checks"] == len(SERVED)
     assert second == dict.fromkeys(first, 0)
 

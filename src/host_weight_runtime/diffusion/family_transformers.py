@@ -406,7 +406,7 @@ def _finish_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor], d
     transformers' renaming, casting and loader threads have nothing to do: each tensor is placed with
     its own `set_param_for_module` (a view, no copy, flagged initialized), then its finalization runs
     (non-persistent buffers off `meta`, initialization of anything still missing, ties), evaluation mode
-    and no kernels. No conversion rule matched a model name, so none is kept for saving, as after a load.
+    and no kernels. The names are the model's own, so no conversion rule applied and none is kept for saving.
     """
     from transformers.core_model_loading import dot_natural_key, set_param_for_module
     from transformers.modeling_utils import LoadStateDictConfig

@@ -34,7 +34,13 @@ from ._load_options import LoadOptions, check_dtype, check_load_arguments, check
 from ._source_prehash import SourcePrehash, cores_free_beside_load
 from .background import BackgroundPublication
 from .canonical_step import load_canonical_at, load_canonical_for
-from .component_source import ComponentLocation, existing_node_digest_cache, needs_hashing, node_digest_cache
+from .component_source import (
+    ComponentLocation,
+    checkpoint_source,
+    existing_node_digest_cache,
+    needs_hashing,
+    node_digest_cache,
+)
 from .contracts import FinalLayoutParallelIdentity
 from .diffusers_family import DIFFUSERS_FAMILY
 from .load_runtime import required_runtime, runtime_for_load
@@ -432,7 +438,8 @@ def prewarm_component(
     required = runtime_for_load(required_runtime(runtime if runtime is not None else HostWeightRuntime.from_env()))
     location = ComponentLocation(model_or_path, subfolder, revision, Path(cache_dir) if cache_dir is not None else None)
     parallel = parallel if parallel is not None else FinalLayoutParallelIdentity()
-    skeleton = prepare_skeleton(location, options, parallel, records=node_digest_cache(required))
+    source = checkpoint_source(location, options)  # a bad folder is refused before the domain is opened
+    skeleton = prepare_skeleton(location, options, parallel, source=source, records=node_digest_cache(required))
     if fp8:
         skeleton = fp8_skeleton(skeleton)
     return build_artifact(identify_component(skeleton, required), required, progress)
