@@ -36,15 +36,16 @@ settings.load_profile("hwr")
 LONGEST_FILES_FIRST = (
     "test_bench.py",  # ~295 s: one whole tiny benchmark in its module fixture
     "test_diffusion_tp_group.py",  # ~125 s
+    "test_bench_pipeline.py",  # ~95 s (estimated: ten rows of fresh workers, from the folder and the hub cache)
     "test_transformers_components.py",  # ~75 s
     "test_diffusion_demo.py",  # ~70 s
     "test_pipeline_loader.py",  # ~55 s
     "test_serve_example.py",  # ~45 s
-    "test_bench_pipeline.py",  # ~40 s
     "test_readme_diffusers.py",  # ~40 s
     "test_diffusion_tp_pss.py",  # ~35 s
     "test_cli_remote_targets.py",  # ~30 s
     "test_bench_store_peer.py",  # ~30 s: ten fresh processes, this runtime's store and vLLM-Omni's
+    "test_warm_pipeline.py",  # ~30 s (estimated: a prewarm, then a fresh worker's two warm loads and a canonical one)
     "test_cli_remote.py",  # ~25 s
     "test_adoption_arguments.py",  # ~25 s
     "test_adoption_background.py",  # ~25 s

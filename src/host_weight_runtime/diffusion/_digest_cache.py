@@ -4,6 +4,8 @@
       entries/<key>.json   canonical JSON: realpath, stat state, digest, entry_sha256
       locks/<key>.lock     exclusive while one worker hashes the file (never unlinked)
       headers/<key>.ok     empty: a worker checked this file's safetensors header in this state
+      derived/<key>.json   canonical JSON {"key", "value"}: a result some worker computed from exactly what
+                           <key> digests (a transformers skeleton's checkpoint bindings), so the next skips it
 
 where <key> is the SHA-256 of the file's realpath and stat state (a header marker's key also
 names the check's version). The cache is an optimisation only: a damaged entry is recomputed,
@@ -38,6 +40,8 @@ _CACHE_DIR = "source-digests-v1"
 HEADER_CHECK_VERSION = "safetensors-header-check-v1"
 """Names what a header marker vouches for; a stricter check gets a new version, so old markers vouch for nothing."""
 _ENTRY_LIMIT_BYTES = 64 * 1024
+_DERIVED_LIMIT_BYTES = 16 * 2**20
+_HEX_KEY = re.compile(r"[0-9a-f]{64}")
 _SHA256_ID = re.compile(r"sha256:[0-9a-f]{64}")
 
 
@@ -87,7 +91,7 @@ def _parse_entry(data: bytes, expected: dict[str, JsonValue]) -> _EntryRead:
 class NodeSourceDigestCache:
     """Share content-backed local-source fingerprints across node workers."""
 
-    __slots__ = ("_counter_guard", "entries", "hashes_computed", "headers", "locks", "timeout_seconds")
+    __slots__ = ("_counter_guard", "derived", "entries", "hashes_computed", "headers", "locks", "timeout_seconds")
 
     def __init__(self, root: Path, *, timeout_seconds: float = 30.0) -> None:
         if not isinstance(root, Path):
@@ -97,6 +101,7 @@ class NodeSourceDigestCache:
         self.entries = root / _CACHE_DIR / "entries"
         self.locks = root / _CACHE_DIR / "locks"
         self.headers = root / _CACHE_DIR / "headers"
+        self.derived = root / _CACHE_DIR / "derived"
         self.timeout_seconds = float(timeout_seconds)
         self.hashes_computed = 0
         self._counter_guard = threading.Lock()
@@ -191,6 +196,34 @@ class NodeSourceDigestCache:
         except OSError as exc:
             _LOG.info("source digest cache: could not record the checked header of %s (%s)", path, exc)
 
+    def derived_value(self, key: str) -> JsonValue | None:
+        """The value recorded under `key` (the SHA-256 hex of what it was computed from), or None; never raises."""
+        if not _HEX_KEY.fullmatch(key):
+            raise ValueError(f"a derived record's key must be 64 lowercase hex digits, got {key!r}")
+        try:
+            self._prepare_dirs()  # a record in a directory another user could write must not be believed
+            data = read_small_file(self.derived / f"{key}.json", _DERIVED_LIMIT_BYTES)
+            record = decode_json(data, max_bytes=_DERIVED_LIMIT_BYTES)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            _LOG.info("source digest cache: ignoring derived record %s (%s)", key, exc)
+            return None
+        if not isinstance(record, dict) or set(record) != {"key", "value"} or record["key"] != key:
+            _LOG.info("source digest cache: ignoring derived record %s (not the record of its key)", key)
+            return None
+        return record["value"]
+
+    def record_derived(self, key: str, value: JsonValue) -> None:
+        """Record `value` under `key` for the node's next worker; a failure only means it is computed again."""
+        if not _HEX_KEY.fullmatch(key):
+            raise ValueError(f"a derived record's key must be 64 lowercase hex digits, got {key!r}")
+        try:
+            self._prepare_dirs()
+            write_file_atomic(self.derived / f"{key}.json", encode_canonical({"key": key, "value": value}), mode=0o600)
+        except (OSError, ValueError) as exc:
+            _LOG.info("source digest cache: could not record derived value %s (%s)", key, exc)
+
     def _hash(self, path: Path, state: FileState) -> str:
         digest = hash_file(path, state)
         with self._counter_guard:
@@ -216,7 +249,7 @@ class NodeSourceDigestCache:
     def _prepare_dirs(self) -> None:
         """Create the private cache directories and refuse ones another user could write."""
         base = self.entries.parent
-        for directory in (base, self.entries, self.locks, self.headers):
+        for directory in (base, self.entries, self.locks, self.headers, self.derived):
             try:
                 info = os.lstat(directory)
             except FileNotFoundError:

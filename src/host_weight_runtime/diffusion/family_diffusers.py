@@ -14,7 +14,7 @@ from ._load_options import LoadOptions
 from .dtype_policies import ModelFamilyName
 from .model_contracts import is_diffusers_model
 from .model_family import ImportClock, default_dtype
-from .source_identity import PreparedWeightSource
+from .source_identity import NodeSourceDigestCache, PreparedWeightSource
 
 __all__ = ["BROKEN_CONFIG_ERRORS", "DIFFUSERS_FAMILY", "DiffusersFamily", "build_skeleton"]
 
@@ -106,7 +106,7 @@ class DiffusersFamily:
         return build_skeleton(model_class, resolved_root, name_or_path, dtype)
 
     def checkpoint_bindings(
-        self, model: torch.nn.Module, source: PreparedWeightSource
+        self, model: torch.nn.Module, source: PreparedWeightSource, records: NodeSourceDigestCache | None = None
     ) -> tuple[dict[str, str], dict[str, str]]:
         """diffusers reads every tensor under its own name and declares no ties."""
         return {}, {}

@@ -26,15 +26,21 @@ import torch
 from ..canonical_json import CanonicalJson, JsonValue, decode_json
 from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, raise_failure, usage_error
 from ..lease import HostWeightLease
+from ._binding_plans import (
+    BINDING_PLANS,
+    binding_plan_key,
+    bindings_from_record,
+    bindings_record,
+    node_binding_key,
+)
 from ._load_options import LoadOptions
-from ._quiet_progress import quiet_transformers_progress
 from .dtype_policies import TRANSFORMERS_RESTORER_SCHEMA, ModelFamilyName
 from .identity_adapter import FinalLayoutIdentityContext
 from .model_contracts import is_transformers_model
 from .model_family import ImportClock
 from .producers._checkpoint import read_safetensors_header
 from .restorer import FinalLayoutTensorRestorer, restore_error
-from .source_identity import PreparedWeightSource
+from .source_identity import NodeSourceDigestCache, PreparedWeightSource
 
 __all__ = [
     "TRANSFORMERS_FAMILY",
@@ -221,9 +227,9 @@ class TransformersFamily:
         return model
 
     def checkpoint_bindings(
-        self, model: torch.nn.Module, source: PreparedWeightSource
+        self, model: torch.nn.Module, source: PreparedWeightSource, records: NodeSourceDigestCache | None = None
     ) -> tuple[dict[str, str], dict[str, str]]:
-        return checkpoint_bindings(model, source)
+        return checkpoint_bindings(model, source, records)
 
 
 TRANSFORMERS_FAMILY = TransformersFamily()
@@ -306,14 +312,49 @@ def _effective_ties(ties: Mapping[str, str], present: set[str]) -> dict[str, str
     return aliases
 
 
-def checkpoint_bindings(model: torch.nn.Module, source: PreparedWeightSource) -> tuple[dict[str, str], dict[str, str]]:
+def checkpoint_bindings(
+    model: torch.nn.Module, source: PreparedWeightSource, records: NodeSourceDigestCache | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
     """(model name -> checkpoint key, alias -> owner) for a skeleton, both as transformers' loading decides them.
 
     Every other model tensor must come from the checkpoint: one transformers would initialize at
     random (a key the checkpoint lacks) makes the component UNSUPPORTED, so it is loaded canonically.
+    Kept per process, and with the node's cache (`records`) recorded for the node's next worker.
     """
-    keys = _renamed_keys(model, _checkpoint_keys(source))
+    checkpoint_keys = _checkpoint_keys(source)
     ties = dict(getattr(model, "all_tied_weights_keys", None) or {})
+    key = binding_plan_key(model, checkpoint_keys, ties)
+    keys, aliases = BINDING_PLANS.plan(key, lambda: _bind_on_node(model, source, checkpoint_keys, ties, records))
+    return dict(keys), dict(aliases)
+
+
+def _bind_on_node(
+    model: torch.nn.Module,
+    source: PreparedWeightSource,
+    checkpoint_keys: list[str],
+    ties: dict[str, str],
+    records: NodeSourceDigestCache | None,
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The node's record of these bindings where one fits the skeleton exactly; else computed (and recorded)."""
+    if records is None:
+        return _bind(model, source, checkpoint_keys, ties)
+    key = node_binding_key(model, checkpoint_keys, ties)
+    recorded = records.derived_value(key)
+    if recorded is not None:
+        found = bindings_from_record(recorded, set(model.state_dict()), checkpoint_keys)
+        if found is not None:
+            return found
+    keys, aliases = _bind(model, source, checkpoint_keys, ties)
+    records.record_derived(key, bindings_record(keys, aliases))
+    return keys, aliases
+
+
+def _bind(
+    model: torch.nn.Module, source: PreparedWeightSource, checkpoint_keys: list[str], ties: dict[str, str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """`checkpoint_bindings` computed: transformers' renaming of every key, the effective ties, the lacking check."""
+    BINDING_PLANS.count_renaming()
+    keys = _renamed_keys(model, checkpoint_keys)
     aliases = _effective_ties(ties, set(keys))
     lacking = sorted(set(model.state_dict()) - set(keys) - set(aliases))
     if lacking:
@@ -361,20 +402,31 @@ def _check_bound(model: torch.nn.Module, context: FinalLayoutIdentityContext, le
 def _finish_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
     """What `from_pretrained(state_dict=...)` does after it built the model, done on the skeleton built once.
 
-    transformers' own steps, in its order: its dtype plan and weight conversions, the state-dict load
-    (which binds the given tensors without a copy), then its finalization (non-persistent buffers off
-    `meta`, initialization of anything still missing, ties), evaluation mode and no kernels.
+    The state is keyed by the model's own names in their final dtypes (the artifact holds them so), so
+    transformers' renaming, casting and loader threads have nothing to do: each tensor is placed with
+    its own `set_param_for_module` (a view, no copy, flagged initialized), then its finalization runs
+    (non-persistent buffers off `meta`, initialization of anything still missing, ties), evaluation mode
+    and no kernels. The names are the model's own, so no conversion rule applied and none is kept for saving.
     """
-    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import dot_natural_key, set_param_for_module
     from transformers.modeling_utils import LoadStateDictConfig
+    from transformers.utils.loading_report import LoadStateDictInfo
 
     model_class: Any = type(model)
     pretrained: Any = model
-    conversions: Any = get_model_conversion_mapping(pretrained, None, None)  # what from_pretrained passes
-    plan = pretrained._get_dtype_plan(dtype)
-    load_config = LoadStateDictConfig(dtype=dtype, dtype_plan=plan, weight_mapping=conversions)
-    with quiet_transformers_progress():  # the tensors are already in place: no bar on a hit
-        loading_info, _offload = model_class._load_pretrained_model(pretrained, state, None, load_config)
+    load_config = LoadStateDictConfig(dtype=dtype, dtype_plan=pretrained._get_dtype_plan(dtype), weight_mapping=[])
+    loading_info = LoadStateDictInfo(
+        missing_keys=set(model.state_dict()),
+        unexpected_keys=set(),
+        mismatched_keys=set(),
+        conversion_errors={},
+        error_msgs=[],
+        skipped_pp_keys=set(),
+    )
+    place: Any = set_param_for_module  # its quantizer argument is typed non-optional; None is "no quantizer"
+    for name in sorted(state, key=dot_natural_key):
+        place(pretrained, name, state[name][...], loading_info, None)
+    pretrained._weight_conversions = []
     model_class._finalize_model_loading(pretrained, load_config, loading_info)
     model.eval()
     pretrained.set_use_kernels(False, None)

@@ -35,7 +35,13 @@ from ._source_prehash import SourcePrehash, cores_free_beside_load
 from .background import BackgroundPublication
 from .canonical_step import load_canonical_at, load_canonical_for
 from .canonical_warning import warn_if_canonical
-from .component_source import ComponentLocation, needs_hashing, node_digest_cache
+from .component_source import (
+    ComponentLocation,
+    checkpoint_source,
+    existing_node_digest_cache,
+    needs_hashing,
+    node_digest_cache,
+)
 from .contracts import FinalLayoutParallelIdentity
 from .family_diffusers import DIFFUSERS_FAMILY
 from .load_reports import ComponentLoadPath, PrewarmResult, report_without_lookup
@@ -236,7 +242,13 @@ def _load_through_runtime(
         prehash = _start_prehash(source, call.runtime, threads=min(free_cores, default_hash_threads()) or None)
     try:
         skeleton = prepare_skeleton(
-            call.location, call.options, parallel, family=call.family, clock=call.stopwatch.clock, source=source
+            call.location,
+            call.options,
+            parallel,
+            family=call.family,
+            clock=call.stopwatch.clock,
+            source=source,
+            records=existing_node_digest_cache(call.runtime),
         )
         if call.fp8:
             skeleton = fp8_skeleton(skeleton)
@@ -428,7 +440,9 @@ def prewarm_component(
     check_parallel(parallel)
     required = runtime_for_load(required_runtime(runtime if runtime is not None else HostWeightRuntime.from_env()))
     location = ComponentLocation(model_or_path, subfolder, revision, Path(cache_dir) if cache_dir is not None else None)
-    skeleton = prepare_skeleton(location, options, parallel if parallel is not None else FinalLayoutParallelIdentity())
+    parallel = parallel if parallel is not None else FinalLayoutParallelIdentity()
+    source = checkpoint_source(location, options)  # a bad folder is refused before the domain is opened
+    skeleton = prepare_skeleton(location, options, parallel, source=source, records=node_digest_cache(required))
     if fp8:
         skeleton = fp8_skeleton(skeleton)
     return build_artifact(identify_component(skeleton, required), required, progress)

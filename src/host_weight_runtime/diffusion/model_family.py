@@ -23,7 +23,7 @@ import torch
 
 from ._load_options import LoadOptions
 from .dtype_policies import ModelFamilyName
-from .source_identity import PreparedWeightSource
+from .source_identity import NodeSourceDigestCache, PreparedWeightSource
 
 __all__ = ["ImportClock", "ModelFamily", "default_dtype"]
 
@@ -94,9 +94,11 @@ class ModelFamily(Protocol):
         ...
 
     def checkpoint_bindings(
-        self, model: torch.nn.Module, source: PreparedWeightSource
+        self, model: torch.nn.Module, source: PreparedWeightSource, records: NodeSourceDigestCache | None = None
     ) -> tuple[dict[str, str], dict[str, str]]:
-        """(model tensor -> checkpoint key where the two differ, alias -> owner of each tie), in local names."""
+        """(model tensor -> checkpoint key where the two differ, alias -> owner of each tie), in local names.
+
+        `records`: the node's cache, where a family may keep what it derived for the node's next worker."""
         ...
 
     def library_versions(self) -> dict[str, str]:

@@ -8,6 +8,7 @@ skeleton, which a restore then fills in place.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,10 +44,11 @@ from .identity_adapter import (
 )
 from .model_contracts import contract_for_model
 from .model_family import ImportClock, ModelFamily
-from .source_identity import PreparedWeightSource
+from .source_identity import NodeSourceDigestCache, PreparedWeightSource
 
 __all__ = [
     "LOADER_ID",
+    "SKELETON_BUILDS",
     "ComponentHolder",
     "ComponentSkeleton",
     "IdentifiedComponent",
@@ -64,6 +66,28 @@ _KEY_MAPPING = {
 LOADER_ID = "host_weight_runtime.diffusion.load_component"
 """The loader every artifact of a component load names (with `_LOADER_VERSION`) in its identity."""
 _LOADER_VERSION = "1"
+
+
+class SkeletonBuilds:
+    """How many `meta` skeletons this process has built, by model class name: one per component load."""
+
+    __slots__ = ("_guard", "by_class")
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self.by_class: dict[str, int] = {}
+
+    def count(self, model_class: type[Any]) -> None:
+        with self._guard:
+            self.by_class[model_class.__name__] = self.by_class.get(model_class.__name__, 0) + 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._guard:
+            return dict(self.by_class)
+
+
+SKELETON_BUILDS = SkeletonBuilds()
+"""Every skeleton `prepare_skeleton` builds, counted: a load builds each component's once, and nothing else does."""
 
 
 class ComponentHolder(torch.nn.Module):
@@ -153,18 +177,21 @@ def prepare_skeleton(
     family: ModelFamily | None = None,
     clock: ImportClock | None = None,
     source: PreparedWeightSource | None = None,
+    records: NodeSourceDigestCache | None = None,
 ) -> ComponentSkeleton:
     """The source files, model class, `meta` skeleton and request: everything but the hashing.
 
     `source=None` reads the checkpoint where `location` says (a load by name passes the one the remote's
-    index records). `family=None` takes the family the folder's config.json names. A transformers component whose
-    checkpoint an artifact cannot reproduce (pickle only, a tensor it lacks, both names of a tie)
-    raises UNSUPPORTED here, so the load falls back (PREFERRED) or fails typed (REQUIRED).
+    index records). `family=None` takes the family the folder's config.json names. `records` is the node's
+    cache, where what a family derives from the checkpoint (a transformers one's bindings) is shared. A
+    transformers component whose checkpoint an artifact cannot reproduce (pickle only, a tensor it lacks,
+    both names of a tie) raises UNSUPPORTED here, so the load falls back (PREFERRED) or fails typed (REQUIRED).
     """
     source = checkpoint_source(location, options) if source is None else source
     family, model_class = component_model_class(source, family, clock)
     with usage_errors():
         model = family.build_skeleton(model_class, source.resolved_root, location.name_or_path, options.dtype)
+    SKELETON_BUILDS.count(model_class)
     holder = ComponentHolder()
     holder.add_module(location.component_name, model)
     contract = contract_for_model(model, options.dtype)
@@ -176,7 +203,7 @@ def prepare_skeleton(
         ),
         parallel=parallel,
     )
-    keys, aliases = family.checkpoint_bindings(model, source)
+    keys, aliases = family.checkpoint_bindings(model, source, records)
     prefix = f"{location.component_name}."
     return ComponentSkeleton(
         location,
