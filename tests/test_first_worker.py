@@ -220,6 +220,19 @@ def test_publish_in_background_false_still_publishes_before_returning(tmp_path: 
         assert second.outcome is ResolutionOutcome.LOCAL_HIT
 
 
+def test_a_policy_that_forbids_publishing_keeps_the_worker_from_publishing_behind(
+    tmp_path: Path, pipeline: Path
+) -> None:
+    """X02: the default publishes behind only where the runtime's policy lets workers publish: with
+    allow_post_load_publish=False nothing runs behind and no artifact appears."""
+    root = tmp_path / "domain"
+    config = HostWeightRuntimeConfig(root=root, allow_post_load_publish=False)
+    with load_component(pipeline, subfolder=SUBFOLDER, runtime=HostWeightRuntime(config)) as loaded:
+        assert loaded.load_path is ComponentLoadPath.CANONICAL
+        assert loaded.background_publication is None
+    assert artifact_keys(root) == []
+
+
 def test_required_mode_still_builds_before_returning(tmp_path: Path, pipeline: Path) -> None:
     """X02/D14: REQUIRED keeps its semantics under the new default: the miss streams the artifact first and
     the model is served from it; nothing runs behind."""

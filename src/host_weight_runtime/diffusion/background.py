@@ -116,10 +116,16 @@ class BackgroundPublication:
 
 
 def in_flight(source: Hashable) -> BackgroundPublication | None:
-    """This process's unfinished publication of the checkpoint `source` names, if any."""
+    """This process's started, unfinished publication of the checkpoint `source` names, if any.
+
+    One still held by `deferred_publications()` is not returned: a load inside that block waiting
+    for it would wait for the block's own end.
+    """
     with _in_flight_guard:
         publication = _in_flight.get(source)
-    return None if publication is None or publication.done else publication
+    if publication is None or publication.done or publication._thread.ident is None:
+        return None
+    return publication
 
 
 @contextlib.contextmanager

@@ -122,7 +122,9 @@ def load_component(
     when the bytes still to stream, at the builder's rate so far, take less than the canonical
     load the builder measured (always once every byte is streamed), and otherwise loads
     canonically and leaves the publication to the builder. A publication in flight in this very
-    process is always waited for. `publish_in_background=False` publishes before returning
+    process is always waited for. A runtime whose policy disallows local builds or post-load
+    publication (`allow_local_build`, `allow_post_load_publish`, their HWR_* variables) keeps the
+    path below unless `publish_in_background=True`. `publish_in_background=False` publishes before returning
     (after the canonical load; files this node never hashed are hashed beside the skeleton and,
     where a core is free, the load); `.bin`-only checkpoints always publish that way.
 
@@ -183,9 +185,16 @@ def load_component(
     if mode is RuntimeMode.DISABLED:
         return call.canonical_only(report_without_lookup(mode, ResolutionOutcome.CANONICAL_DIRECT))
     stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
-    background = publish_in_background is not False and mode is RuntimeMode.PREFERRED and not stream
+    background = _publishes_behind(publish_in_background, runtime) and mode is RuntimeMode.PREFERRED and not stream
     parallel = parallel if parallel is not None else FinalLayoutParallelIdentity()
     return _load_through_runtime(call, parallel, stream=stream, background=background)
+
+
+def _publishes_behind(publish_in_background: bool | None, runtime: HostWeightRuntime) -> bool:
+    """The default publishes behind only where the runtime's policy lets a worker publish at all."""
+    if publish_in_background is not None:
+        return publish_in_background
+    return runtime.config.allow_local_build and runtime.config.allow_post_load_publish
 
 
 def _refuse_with_tensor_parallel(variant: str | None, from_pretrained_kwargs: Mapping[str, Any]) -> None:
