@@ -97,7 +97,7 @@ def assert_same_weights(model: torch.nn.Module, reference: torch.nn.Module) -> N
 def _node_a(pipeline: str, environ: dict[str, str], conn: Connection) -> None:
     """A first worker: load with HWR_REMOTE_PUBLISH=true, report, and return at once (exit waits for the push)."""
     os.environ.update(environ)
-    with load_component(pipeline, subfolder=SUBFOLDER) as loaded:
+    with load_component(pipeline, subfolder=SUBFOLDER, publish_in_background=False) as loaded:
         publication = loaded.publication
         conn.send(
             {
