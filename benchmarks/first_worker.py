@@ -1,7 +1,7 @@
 """The first worker on a node next to plain diffusers: `load_pipeline` with default settings on an empty domain
 against `DiffusionPipeline.from_pretrained(..., torch_dtype=torch.bfloat16)`, each run a fresh process.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/first_worker.py --transformer-mib 128 --rounds 5 [--hub]
+    PYTHONPATH=src .venv/bin/python benchmarks/first_worker.py --transformer-mib 128 --rounds 5 [--hub] [--src OTHER/src]
 
 A FLUX-proportioned pipeline (`save_proportional_flux_pipeline`: FP32 transformer of about
 `--transformer-mib`, T5 about 40% of it, CLIP, VAE, tokenizers, scheduler) is written once to a
@@ -90,12 +90,13 @@ def main() -> None:
     parser.add_argument("--hub", action="store_true", help="also from a hub cache snapshot (loaded by repo id)")
     parser.add_argument("--work", type=Path, default=None, help="where the checkpoint is written (default: a tmp)")
     parser.add_argument("--domains", type=Path, default=None, help="where the empty domains go (default: /dev/shm)")
+    parser.add_argument("--src", type=Path, default=None, help="the package tree the children import (default: ours)")
     arguments = parser.parse_args()
 
     from host_weight_runtime.tools.synthetic_models import save_hub_snapshot
     from host_weight_runtime.tools.synthetic_pipelines import save_proportional_flux_pipeline
 
-    src = Path(__file__).resolve().parent.parent / "src"
+    src = arguments.src or Path(__file__).resolve().parent.parent / "src"
     work = Path(tempfile.mkdtemp(prefix="hwr-first-worker-", dir=arguments.work))
     domains_base = arguments.domains or (Path("/dev/shm") if Path("/dev/shm").is_dir() else work)
     domains = Path(tempfile.mkdtemp(prefix="hwr-first-worker-domains-", dir=domains_base))
