@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
-from host_weight_runtime.diffusion import LoadedPipeline, load_pipeline
+from host_weight_runtime.diffusion import LoadedComponent, LoadedPipeline, load_pipeline
 from host_weight_runtime.runtime import HostWeightRuntime
 from hwr_tools.synthetic_pipelines import generation_kwargs, pipeline_kind, save_tiny_pipeline
 
@@ -52,12 +52,16 @@ def describe(loaded: LoadedPipeline) -> dict[str, Any]:
         "class": type(loaded.pipeline).__name__,
         "handling": {record.name: record.handling.value for record in loaded.records},
         "outcomes": {name: component.outcome.value for name, component in loaded.components.items()},
-        "publications": {
-            name: None if component.publication is None else component.publication.status.value
-            for name, component in loaded.components.items()
-        },
+        "publications": {name: _publication(component) for name, component in loaded.components.items()},
         "keys": {name: component.identity_key for name, component in loaded.components.items()},
     }
+
+
+def _publication(component: LoadedComponent) -> str | None:
+    """The post-load publication's status, "behind" for one on a background thread, None for none."""
+    if component.background_publication is not None:
+        return "behind"
+    return None if component.publication is None else component.publication.status.value
 
 
 def images_in_child(folders: dict[str, str], store: str | None, out: str, mode: str, conn: Connection) -> None:

@@ -82,14 +82,16 @@ def test_a_variant_loads_its_own_files_into_its_own_artifact(tmp_path: Path, bot
     default_expected = forward(canonical(both / SUBFOLDER))
     assert not torch.equal(expected, default_expected), "the fixture's variant must differ from its default"
 
-    with load_component(both, subfolder=SUBFOLDER, variant="fp16", runtime=runtime) as first:
+    with load_component(
+        both, subfolder=SUBFOLDER, variant="fp16", runtime=runtime, publish_in_background=False
+    ) as first:
         assert first.outcome is ResolutionOutcome.CANONICAL_FALLBACK
         assert first.publication is not None and first.publication.status is PostLoadPublicationStatus.PUBLISHED
         assert torch.equal(forward(first.model), expected)
-    with load_component(both, subfolder=SUBFOLDER, variant="fp16", runtime=runtime) as hit:
+    with load_component(both, subfolder=SUBFOLDER, variant="fp16", runtime=runtime, publish_in_background=False) as hit:
         assert hit.outcome is ResolutionOutcome.LOCAL_HIT and hit.load_path is ComponentLoadPath.ARTIFACT
         assert torch.equal(forward(hit.model), expected)
-    with load_component(both, subfolder=SUBFOLDER, runtime=runtime) as plain:
+    with load_component(both, subfolder=SUBFOLDER, runtime=runtime, publish_in_background=False) as plain:
         assert plain.outcome is ResolutionOutcome.CANONICAL_FALLBACK, "the default weights are another artifact"
         assert torch.equal(forward(plain.model), default_expected)
     assert first.identity_key != plain.identity_key
@@ -152,12 +154,12 @@ def test_a_pasted_from_pretrained_call_runs_unchanged(
         "disable_mmap": False,
         **dtype_arguments,
     }
-    with load_component(both, subfolder=SUBFOLDER, runtime=runtime, **pasted) as first:
+    with load_component(both, subfolder=SUBFOLDER, runtime=runtime, **pasted, publish_in_background=False) as first:
         assert first.outcome is ResolutionOutcome.CANONICAL_FALLBACK
         assert torch.equal(forward(first.model), expected)
-    with load_component(both, subfolder=SUBFOLDER, runtime=runtime) as plain:
+    with load_component(both, subfolder=SUBFOLDER, runtime=runtime, publish_in_background=False) as plain:
         assert plain.outcome is ResolutionOutcome.LOCAL_HIT and plain.identity_key == first.identity_key
-    with load_component(both, subfolder=SUBFOLDER, runtime=runtime, **pasted) as hit:
+    with load_component(both, subfolder=SUBFOLDER, runtime=runtime, **pasted, publish_in_background=False) as hit:
         assert hit.outcome is ResolutionOutcome.LOCAL_HIT
         assert torch.equal(forward(hit.model), expected)
 

@@ -106,12 +106,13 @@ def test_disabled_is_canonical_direct(tmp_path: Path, pipeline: Path) -> None:
 
 
 def test_an_identity_failure_is_canonical_fallback_with_the_failed_attempt(tmp_path: Path, pipeline: Path) -> None:
-    """D14: an I/O error while hashing the checkpoint (the named seam) falls back in PREFERRED; the outcome is
-    CANONICAL_FALLBACK and its one FAILED attempt carries the same failure as `identity_failure`."""
+    """D14: an I/O error while hashing the checkpoint before returning (the named seam; publish_in_background=False,
+    since by default the hashing runs behind the load) falls back in PREFERRED; the outcome is CANONICAL_FALLBACK
+    and its one FAILED attempt carries the same failure as `identity_failure`."""
     runtime = runtime_at(tmp_path / "domain")
     with (
         armed("source_digest.after_hash", Fault(FaultAction.RAISE_OSERROR, errno=errno.EIO)),
-        load_component(pipeline, subfolder=SUBFOLDER, runtime=runtime) as loaded,
+        load_component(pipeline, subfolder=SUBFOLDER, runtime=runtime, publish_in_background=False) as loaded,
     ):
         assert loaded.outcome is ResolutionOutcome.CANONICAL_FALLBACK
         assert loaded.identity_failure is not None

@@ -72,10 +72,10 @@ def test_repo_id_and_its_snapshot_folder_share_one_artifact(
     snapshot = save_hub_snapshot(cache, REPO_ID, pipeline)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
 
-    with load_component(REPO_ID, subfolder=SUBFOLDER) as by_id:
+    with load_component(REPO_ID, subfolder=SUBFOLDER, publish_in_background=False) as by_id:
         key = _published(by_id)
         assert torch.equal(flux_forward(by_id.model), canonical_output)
-    with load_component(snapshot, subfolder=SUBFOLDER) as by_path:
+    with load_component(snapshot, subfolder=SUBFOLDER, publish_in_background=False) as by_path:
         _hit(by_path, key, canonical_output)
     assert artifact_keys(domain) == [key]
 
@@ -85,17 +85,17 @@ def test_copied_folders_hit_the_artifact_of_the_original(
 ) -> None:
     """D05/D14: a shutil.copytree of the pipeline folder, and a plain copy of a hub snapshot (its blob
     symlinks become regular files that are hashed), are LOCAL_HITs on the artifact the original published."""
-    with load_component(pipeline, subfolder=SUBFOLDER) as original:
+    with load_component(pipeline, subfolder=SUBFOLDER, publish_in_background=False) as original:
         key = _published(original)
 
     copy = shutil.copytree(pipeline, tmp_path / "elsewhere" / "copy-of-tiny-flux")
-    with load_component(copy, subfolder=SUBFOLDER) as copied:
+    with load_component(copy, subfolder=SUBFOLDER, publish_in_background=False) as copied:
         _hit(copied, key, canonical_output)
 
     snapshot = save_hub_snapshot(tmp_path / "hub", REPO_ID, pipeline)
     flattened = shutil.copytree(snapshot, tmp_path / "flattened-snapshot")
     assert not (flattened / SUBFOLDER / "diffusion_pytorch_model.safetensors").is_symlink()
-    with load_component(flattened, subfolder=SUBFOLDER) as from_snapshot_copy:
+    with load_component(flattened, subfolder=SUBFOLDER, publish_in_background=False) as from_snapshot_copy:
         _hit(from_snapshot_copy, key, canonical_output)
     assert artifact_keys(domain) == [key]
 
@@ -105,16 +105,16 @@ def test_a_path_through_a_symlinked_parent_is_the_same_source(
 ) -> None:
     """D05/D14: the folder reached through a symlinked parent (as a container mounts the models directory
     elsewhere) and through a link to the folder itself is a LOCAL_HIT on one artifact."""
-    with load_component(pipeline, subfolder=SUBFOLDER) as direct:
+    with load_component(pipeline, subfolder=SUBFOLDER, publish_in_background=False) as direct:
         key = _published(direct)
     mount = tmp_path / "mnt" / "models"
     mount.parent.mkdir()
     os.symlink(pipeline.parent, mount)
-    with load_component(mount / pipeline.name, subfolder=SUBFOLDER) as through_mount:
+    with load_component(mount / pipeline.name, subfolder=SUBFOLDER, publish_in_background=False) as through_mount:
         _hit(through_mount, key, canonical_output)
     link = tmp_path / "current-model"
     os.symlink(pipeline, link)
-    with load_component(str(link), subfolder=SUBFOLDER) as through_link:
+    with load_component(str(link), subfolder=SUBFOLDER, publish_in_background=False) as through_link:
         _hit(through_link, key, canonical_output)
     assert artifact_keys(domain) == [key]
 
@@ -124,19 +124,19 @@ def test_new_weights_at_the_same_path_get_a_new_key_and_never_the_stale_artifact
     load of the new weights (no hit on the stale artifact), then a LOCAL_HIT on the new artifact."""
     folder = save_pipeline_folder(tmp_path / "models" / "tiny-flux", KIND, seed=7)
     old_output = flux_forward(canonical_flux(folder))
-    with load_component(folder, subfolder=SUBFOLDER) as before:
+    with load_component(folder, subfolder=SUBFOLDER, publish_in_background=False) as before:
         old_key = _published(before)
         assert torch.equal(flux_forward(before.model), old_output)
 
     save_pipeline_folder(folder, KIND, seed=8)
     new_output = flux_forward(canonical_flux(folder))
     assert not torch.equal(new_output, old_output)
-    with load_component(folder, subfolder=SUBFOLDER) as after:
+    with load_component(folder, subfolder=SUBFOLDER, publish_in_background=False) as after:
         new_key = _published(after)
         assert after.load_path is ComponentLoadPath.CANONICAL
         assert torch.equal(flux_forward(after.model), new_output)
     assert new_key != old_key
-    with load_component(folder, subfolder=SUBFOLDER) as again:
+    with load_component(folder, subfolder=SUBFOLDER, publish_in_background=False) as again:
         _hit(again, new_key, new_output)
     assert artifact_keys(domain) == sorted([old_key, new_key])
 
@@ -149,11 +149,13 @@ def test_the_manifest_records_what_the_artifact_was_built_from(
     cache = tmp_path / "hub"
     snapshot = save_hub_snapshot(cache, REPO_ID, pipeline)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    with load_component(REPO_ID, subfolder=SUBFOLDER) as first:
+    with load_component(REPO_ID, subfolder=SUBFOLDER, publish_in_background=False) as first:
         key = _published(first)
 
     assert FilesystemHostWeightStore(domain).inspect_artifact(key).model_id == REPO_ID
-    with load_component(snapshot, subfolder=SUBFOLDER) as second:  # a hit: the record stays the builder's
+    with load_component(
+        snapshot, subfolder=SUBFOLDER, publish_in_background=False
+    ) as second:  # a hit: the record stays the builder's
         _hit(second, key, canonical_output)
         assert second.lease is not None
         manifest = second.lease.manifest
@@ -178,7 +180,9 @@ def test_the_manifest_records_what_the_artifact_was_built_from(
     for spelling in (REPO_ID, snapshot.name, str(tmp_path)):
         assert spelling not in identity_text
 
-    with load_component(pipeline, subfolder=SUBFOLDER) as local:  # the same bytes as a plain folder: a hit
+    with load_component(
+        pipeline, subfolder=SUBFOLDER, publish_in_background=False
+    ) as local:  # the same bytes as a plain folder: a hit
         _hit(local, key, canonical_output)
     assert FilesystemHostWeightStore(domain).inspect_artifact(key).model_id == REPO_ID
 

@@ -1,4 +1,6 @@
-"""A local folder seen for the first time on a node: its files are hashed on threads while the load runs.
+"""A local folder seen for the first time on a node, published before returning (publish_in_background=False;
+by default the hashing and the publication move behind the canonical load, X02): its files are hashed on
+threads while the load runs.
 
 The canonical load runs beside the hashing only on cores torch leaves free; with none free the files
 hash first. The content key stays exact (the SHA-256 of every file, as a hub snapshot names its
@@ -108,7 +110,7 @@ def test_the_canonical_load_runs_while_the_files_hash_and_the_key_is_exact(
     with (
         armed("source_digest_cache.before_hash", Fault(FaultAction.PAUSE, hook=meeting.waiter())),
         armed("canonical_step.before_load", Fault(FaultAction.PAUSE, hook=meeting.arriver())),
-        load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root)) as first,
+        load_component(pipeline, subfolder=SUBFOLDER, publish_in_background=False, runtime=_runtime(root)) as first,
     ):
         assert meeting.met == [True]
         assert first.outcome is ResolutionOutcome.CANONICAL_FALLBACK
@@ -121,7 +123,9 @@ def test_the_canonical_load_runs_while_the_files_hash_and_the_key_is_exact(
     cache = tmp_path / "hub"
     save_hub_snapshot(cache, REPO_ID, pipeline)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    with load_component(REPO_ID, subfolder=SUBFOLDER, runtime=_runtime(tmp_path / "other-domain")) as by_blob_names:
+    with load_component(
+        REPO_ID, subfolder=SUBFOLDER, publish_in_background=False, runtime=_runtime(tmp_path / "other-domain")
+    ) as by_blob_names:
         assert by_blob_names.identity_key == key  # nothing hashed there: the blob names are the content ids
     with load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root)) as second:
         assert second.outcome is ResolutionOutcome.LOCAL_HIT and second.identity_key == key
@@ -150,7 +154,7 @@ def test_a_hit_found_after_the_hashing_is_served_and_nothing_is_published_again(
     canonical_loads: list[str] = []
     with (
         armed("canonical_step.before_load", Fault(FaultAction.PAUSE, hook=canonical_loads.append)),
-        load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root)) as loaded,
+        load_component(pipeline, subfolder=SUBFOLDER, publish_in_background=False, runtime=_runtime(root)) as loaded,
     ):
         # with a core free it overlapped the hashing, then lost to the hit; with none it never started
         assert canonical_loads == (["canonical_step.before_load"] if core_free else [])
@@ -194,7 +198,7 @@ def test_with_no_core_free_every_file_hashes_before_the_canonical_load(
     with (
         armed("source_digest.after_hash", hashed),
         armed("canonical_step.before_load", Fault(FaultAction.PAUSE, hook=lambda _point: steps.append("load"))),
-        load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root)) as loaded,
+        load_component(pipeline, subfolder=SUBFOLDER, publish_in_background=False, runtime=_runtime(root)) as loaded,
     ):
         assert steps == ["hashed"] * len(files) + ["load"]
         assert loaded.outcome is ResolutionOutcome.CANONICAL_FALLBACK

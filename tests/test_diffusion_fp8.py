@@ -82,7 +82,7 @@ def test_fp8_matches_the_reference_quantization_has_its_own_key_and_a_fresh_proc
     root = tmp_path / "domain"
     canonical = flux.canonical()
     expected = dict(canonical.named_parameters())
-    with load_component(flux.root, subfolder=DIT, runtime=runtime_at(root), representation="fp8") as cold:
+    with load_component(flux.root, subfolder=DIT, runtime=runtime_at(root), representation="fp8", publish_in_background=False) as cold:
         assert cold.outcome is ResolutionOutcome.CANONICAL_FALLBACK
         assert cold.publication is not None and cold.publication.status is PostLoadPublicationStatus.PUBLISHED
         fp8_key = cold.identity_key
@@ -110,7 +110,7 @@ def test_fp8_matches_the_reference_quantization_has_its_own_key_and_a_fresh_proc
     assert warm["fp8_modules"] == len(quantized) and warm["weights_are_fp8"]
     assert torch.equal(torch.from_numpy(warm["output"]), cold_output.to(torch.float32))
 
-    with load_component(flux.root, subfolder=DIT, runtime=runtime_at(root)) as bf16:
+    with load_component(flux.root, subfolder=DIT, runtime=runtime_at(root), publish_in_background=False) as bf16:
         assert bf16.identity_key not in (None, fp8_key)
         assert not [m for m in bf16.model.modules() if isinstance(m, FP8Linear)]
 

@@ -95,7 +95,9 @@ def fp8_context(folder: Folder, runtime: HostWeightRuntime) -> FinalLayoutIdenti
 
 def post_load_fp8(folder: Folder, root: Path) -> str:
     """Publish the FP8 artifact after a canonical load (the reference); returns its key."""
-    with load_component(folder.root, subfolder=DIT, runtime=runtime_at(root), representation="fp8") as loaded:
+    with load_component(
+        folder.root, subfolder=DIT, runtime=runtime_at(root), representation="fp8", publish_in_background=False
+    ) as loaded:
         assert loaded.outcome is ResolutionOutcome.CANONICAL_FALLBACK
         assert loaded.publication is not None and loaded.publication.status is PostLoadPublicationStatus.PUBLISHED
         assert loaded.identity_key is not None

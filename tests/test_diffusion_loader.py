@@ -102,7 +102,7 @@ def _cold_start_in_child(root: str, pipeline: str, conn: Connection) -> None:
     conn.send("ready")
     if not conn.poll(CHILD_TIMEOUT_S) or conn.recv() != "go":
         raise RuntimeError("the test never said go")
-    with load_component(pipeline, subfolder=SUBFOLDER, runtime=runtime) as loaded:
+    with load_component(pipeline, subfolder=SUBFOLDER, runtime=runtime, publish_in_background=False) as loaded:
         conn.send(_describe(loaded))
 
 
@@ -112,10 +112,11 @@ def _cold_start_in_child(root: str, pipeline: str, conn: Connection) -> None:
 def test_preferred_publishes_then_a_fresh_process_hits_bit_identically(
     tmp_path: Path, pipeline: Path, canonical_output: torch.Tensor
 ) -> None:
-    """D14/R02/R03: the first PREFERRED load misses, loads canonically and publishes; a fresh process then
-    gets LOCAL_HIT from the artifact, and both forward outputs equal canonical from_pretrained bit for bit."""
+    """D14/R02/R03: the first PREFERRED load with publish_in_background=False (the opt-out of publishing behind,
+    X02) misses, loads canonically and publishes before returning; a fresh process then gets LOCAL_HIT from the
+    artifact, and both forward outputs equal canonical from_pretrained bit for bit."""
     root = tmp_path / "domain"
-    with load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root)) as first:
+    with load_component(pipeline, subfolder=SUBFOLDER, publish_in_background=False, runtime=_runtime(root)) as first:
         assert first.outcome is ResolutionOutcome.CANONICAL_FALLBACK
         assert first.load_path is ComponentLoadPath.CANONICAL
         assert first.publication is not None
@@ -180,10 +181,13 @@ def test_stream_on_miss_in_preferred_is_local_production(
 
 
 def test_both_producers_build_the_same_key_and_the_same_tensors(tmp_path: Path, pipeline: Path) -> None:
-    """D14/D10: the post-load producer (PREFERRED), the streaming producer (REQUIRED) and stream_on_miss in
-    PREFERRED give one key, and the artifacts hold the same tensor names, dtypes and bytes."""
+    """D14/D10: the post-load producer (PREFERRED, publish_in_background=False), the streaming producer
+    (REQUIRED) and stream_on_miss in PREFERRED give one key, and the artifacts hold the same tensor names,
+    dtypes and bytes."""
     canonical_root, required_root, streamed_root = tmp_path / "a", tmp_path / "b", tmp_path / "c"
-    with load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(canonical_root)) as published:
+    with load_component(
+        pipeline, subfolder=SUBFOLDER, publish_in_background=False, runtime=_runtime(canonical_root)
+    ) as published:
         assert published.publication is not None
         assert published.publication.status is PostLoadPublicationStatus.PUBLISHED
     with ExitStack() as stack:
@@ -239,7 +243,9 @@ def test_the_key_does_not_depend_on_how_the_folder_is_spelled(
     monkeypatch.chdir(pipeline.parent)
     keys = set()
     for spelling in (str(pipeline), f"{pipeline}/", pipeline.name):
-        with load_component(spelling, subfolder=SUBFOLDER, runtime=_runtime(root)) as loaded:
+        with load_component(
+            spelling, subfolder=SUBFOLDER, publish_in_background=False, runtime=_runtime(root)
+        ) as loaded:
             keys.add(loaded.identity_key)
     assert len(keys) == 1, keys
     assert len(artifact_keys(root)) == 1
@@ -289,12 +295,14 @@ def test_disabled_loads_canonically_and_creates_nothing(
 def test_repo_id_resolves_through_the_local_hub_cache(
     tmp_path: Path, pipeline: Path, monkeypatch: pytest.MonkeyPatch, canonical_output: torch.Tensor
 ) -> None:
-    """D14: a repo id in the local HF cache (cache_dir=, then HF_HUB_CACHE) publishes once and then hits,
-    with outputs bit-identical to canonical, all offline."""
+    """D14: a repo id in the local HF cache (cache_dir=, then HF_HUB_CACHE) publishes once (before returning,
+    publish_in_background=False) and then hits, with outputs bit-identical to canonical, all offline."""
     cache = tmp_path / "hub"
     save_hub_snapshot(cache, REPO_ID, pipeline)
     root = tmp_path / "domain"
-    with load_component(REPO_ID, subfolder=SUBFOLDER, runtime=_runtime(root), cache_dir=cache) as first:
+    with load_component(
+        REPO_ID, subfolder=SUBFOLDER, publish_in_background=False, runtime=_runtime(root), cache_dir=cache
+    ) as first:
         assert first.outcome is ResolutionOutcome.CANONICAL_FALLBACK
         assert first.publication is not None
         assert first.publication.status is PostLoadPublicationStatus.PUBLISHED
@@ -344,7 +352,9 @@ def test_restore_failure_in_preferred_falls_back_to_a_working_canonical_model(
     """D14/D09: when the restored model fails its contract validator, PREFERRED discards it, releases the
     lease and returns a canonical model that works; restore_failure says why, and nothing is republished."""
     root = tmp_path / "domain"
-    with load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root)) as published:
+    with load_component(
+        pipeline, subfolder=SUBFOLDER, publish_in_background=False, runtime=_runtime(root)
+    ) as published:
         key = published.identity_key
     assert key is not None
     _rejecting_contract(monkeypatch)
@@ -365,7 +375,9 @@ def test_restore_failure_in_required_raises_restore_failed(
 ) -> None:
     """D14: the same validator failure in REQUIRED raises RESTORE_FAILED and leaves no lease held."""
     root = tmp_path / "domain"
-    with load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root)) as published:
+    with load_component(
+        pipeline, subfolder=SUBFOLDER, publish_in_background=False, runtime=_runtime(root)
+    ) as published:
         key = published.identity_key
     assert key is not None
     _rejecting_contract(monkeypatch)
@@ -445,8 +457,9 @@ def test_folder_without_config_json_is_refused(tmp_path: Path, pipeline: Path) -
 
 
 def test_two_cold_starters_publish_once(tmp_path: Path, pipeline: Path, canonical_output: torch.Tensor) -> None:
-    """D14/S14: two fresh processes released together against one empty PREFERRED domain both serve
-    working models; exactly one publishes, the other finds it present, joins, or hits; one artifact."""
+    """D14/S14: two fresh processes released together against one empty PREFERRED domain, each publishing
+    before it returns (publish_in_background=False), both serve working models; exactly one publishes, the
+    other finds it present, joins, or hits; one artifact."""
     root = tmp_path / "domain"
     with ExitStack() as stack:
         conns = [stack.enter_context(spawned_child(_cold_start_in_child, str(root), str(pipeline))) for _ in range(2)]

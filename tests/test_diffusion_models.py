@@ -127,7 +127,9 @@ def test_fresh_process_warm_hit_matches_canonical_outputs(tmp_path: Path) -> Non
     folders: dict[str, Folder] = {kind: save_folder(tmp_path / kind, kind) for kind in MODEL_KINDS}
     expected: dict[str, torch.Tensor] = {}
     for kind, folder in folders.items():
-        with load_component(folder.root, subfolder=DIT, runtime=runtime_at(domain)) as first:
+        with load_component(
+            folder.root, subfolder=DIT, runtime=runtime_at(domain), publish_in_background=False
+        ) as first:
             assert first.load_path is ComponentLoadPath.CANONICAL
             assert first.publication is not None and first.publication.status is PostLoadPublicationStatus.PUBLISHED
         canonical = folder.canonical()

@@ -208,6 +208,8 @@ def test_the_intact_folders_load_and_publish(saved: dict[bool, Path], tmp_path: 
     """D14: the same folders unbroken load and publish, so every refusal above is about the planted defect."""
     for sharded, folder in saved.items():
         root = tmp_path / f"hwr-{sharded}"
-        with load_component(folder, runtime=runtime_at(root, RuntimeMode.PREFERRED)) as loaded:
+        with load_component(
+            folder, runtime=runtime_at(root, RuntimeMode.PREFERRED), publish_in_background=False
+        ) as loaded:
             assert loaded.publication is not None and loaded.publication.failure is None
         assert len(os.listdir(root / "artifacts")) == 1

@@ -97,7 +97,7 @@ def assert_same_weights(model: torch.nn.Module, reference: torch.nn.Module) -> N
 def _node_a(pipeline: str, environ: dict[str, str], conn: Connection) -> None:
     """A first worker: load with HWR_REMOTE_PUBLISH=true, report, and return at once (exit waits for the push)."""
     os.environ.update(environ)
-    with load_component(pipeline, subfolder=SUBFOLDER) as loaded:
+    with load_component(pipeline, subfolder=SUBFOLDER, publish_in_background=False) as loaded:
         publication = loaded.publication
         conn.send(
             {
@@ -126,7 +126,7 @@ def test_node_b_imports_what_node_a_published_and_then_hits(
     second a LOCAL_HIT; both models equal canonical from_pretrained bit for bit."""
     key = publish_from_node_a(pipeline, tmp_path / "node-a", fleet)
     fleet.become(tmp_path / "node-b")
-    with load_component(pipeline, subfolder=SUBFOLDER) as first:
+    with load_component(pipeline, subfolder=SUBFOLDER, publish_in_background=False) as first:
         assert first.outcome is ResolutionOutcome.REMOTE_IMPORT, first.summary()
         assert first.load_path is ComponentLoadPath.ARTIFACT and first.identity_key == key
         assert first.resolution is not None
@@ -137,7 +137,7 @@ def test_node_b_imports_what_node_a_published_and_then_hits(
         assert first.lease is not None and first.lease.provenance.source is LeaseSource.REMOTE_IMPORT
         assert first.publication is None
         assert_same_weights(first.model, canonical)
-    with load_component(pipeline, subfolder=SUBFOLDER) as second:
+    with load_component(pipeline, subfolder=SUBFOLDER, publish_in_background=False) as second:
         assert second.outcome is ResolutionOutcome.LOCAL_HIT and second.load_path is ComponentLoadPath.ARTIFACT
         assert_same_weights(second.model, canonical)
 
@@ -155,7 +155,7 @@ def test_a_corrupt_remote_falls_back_in_preferred_and_fails_in_required(
     remote.write(key, name, bytes(data))
 
     fleet.become(tmp_path / "node-b")
-    with load_component(pipeline, subfolder=SUBFOLDER) as loaded:
+    with load_component(pipeline, subfolder=SUBFOLDER, publish_in_background=False) as loaded:
         assert (
             loaded.outcome is ResolutionOutcome.CANONICAL_FALLBACK and loaded.load_path is ComponentLoadPath.CANONICAL
         )
@@ -169,6 +169,6 @@ def test_a_corrupt_remote_falls_back_in_preferred_and_fails_in_required(
     root = tmp_path / "node-c"
     fleet.become(root, HWR_MODE="required")
     with pytest.raises(HostWeightError) as refused:
-        load_component(pipeline, subfolder=SUBFOLDER)
+        load_component(pipeline, subfolder=SUBFOLDER, publish_in_background=False)
     assert refused.value.code is FailureCode.REMOTE_FAILED and refused.value.failure.stage is ResolutionStage.REMOTE
     assert not any((root / "artifacts").iterdir()) and not any((root / "tmp").iterdir())

@@ -68,10 +68,14 @@ def test_fp16_and_fp32_hits_equal_diffusers_and_never_cross(tmp_path: Path, kind
     model_class = tiny_spec(kind).model_class()
     keys: dict[torch.dtype, str | None] = {}
     for dtype in SERVED_DTYPES:
-        with load_component(pipeline, subfolder="transformer", runtime=runtime, torch_dtype=dtype) as cold:
+        with load_component(
+            pipeline, subfolder="transformer", runtime=runtime, torch_dtype=dtype, publish_in_background=False
+        ) as cold:
             assert cold.outcome is ResolutionOutcome.CANONICAL_FALLBACK  # nothing converted from another dtype
             keys[dtype] = cold.identity_key
-        with load_component(pipeline, subfolder="transformer", runtime=runtime, torch_dtype=dtype) as warm:
+        with load_component(
+            pipeline, subfolder="transformer", runtime=runtime, torch_dtype=dtype, publish_in_background=False
+        ) as warm:
             assert warm.outcome is ResolutionOutcome.LOCAL_HIT
             assert warm.identity_key == keys[dtype]
             reference = model_class.from_pretrained(str(pipeline / "transformer"), torch_dtype=dtype)

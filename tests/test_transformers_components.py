@@ -95,7 +95,13 @@ def cold_then_warm(
         for subfolder in ENCODERS:
             cold[subfolder] = []
             for dtype in DTYPES:
-                with load_component(pipeline, subfolder=subfolder, runtime=runtime_at(root), torch_dtype=dtype) as load:
+                with load_component(
+                    pipeline,
+                    subfolder=subfolder,
+                    runtime=runtime_at(root),
+                    torch_dtype=dtype,
+                    publish_in_background=False,
+                ) as load:
                     publication = None if load.publication is None else load.publication.status
                     cold[subfolder].append(
                         ColdLoad(load.outcome, load.identity_failure, publication, load.identity_key)
@@ -190,16 +196,25 @@ def test_an_fp16_request_never_hits_the_bf16_artifact(tmp_path: Path, pipeline: 
     """P04: with only the BF16 artifact on the node, an FP16 load misses (nothing is converted), loads FP16
     canonically and publishes its own artifact; the domain then holds two artifacts with different keys."""
     root = tmp_path / "domain"
-    with load_component(pipeline, subfolder="text_encoder", runtime=runtime_at(root)) as bf16:
+    with load_component(
+        pipeline, subfolder="text_encoder", runtime=runtime_at(root), publish_in_background=False
+    ) as bf16:
         bf16_key = bf16.identity_key
-    with load_component(pipeline, subfolder="text_encoder", runtime=runtime_at(root), torch_dtype="float16") as fp16:
+    with load_component(
+        pipeline, subfolder="text_encoder", runtime=runtime_at(root), torch_dtype="float16", publish_in_background=False
+    ) as fp16:
         assert fp16.outcome is ResolutionOutcome.CANONICAL_FALLBACK
         assert fp16.identity_key != bf16_key
         assert {tensor.dtype for tensor in fp16.model.parameters()} == {torch.float16}
     with pytest.raises(HostWeightError):  # REQUIRED without a build: the BF16 artifact is no answer for FP32
         runtime = runtime_at(root, RuntimeMode.REQUIRED)
         load_component(
-            pipeline, subfolder="text_encoder", runtime=runtime, torch_dtype=torch.float32, stream_on_miss=False
+            pipeline,
+            subfolder="text_encoder",
+            runtime=runtime,
+            torch_dtype=torch.float32,
+            stream_on_miss=False,
+            publish_in_background=False,
         )
     assert sorted(path.name for path in (root / "artifacts").iterdir()) == sorted([bf16_key, fp16.identity_key])
 
@@ -210,20 +225,34 @@ def test_streamed_and_prewarmed_artifacts_equal_the_post_load_ones(tmp_path: Pat
     for subfolder in ("text_encoder_2", "qwen2_5_vl"):
         streamed_root, published_root = tmp_path / f"s-{subfolder}", tmp_path / f"p-{subfolder}"
         runtime = runtime_at(streamed_root)
-        with load_component(pipeline, subfolder=subfolder, runtime=runtime, stream_on_miss=True) as first:
+        with load_component(
+            pipeline, subfolder=subfolder, runtime=runtime, stream_on_miss=True, publish_in_background=False
+        ) as first:
             assert first.outcome is ResolutionOutcome.LOCAL_PRODUCTION
         prewarmed = prewarm_component(pipeline, subfolder=subfolder, runtime=runtime, torch_dtype=torch.float16)
-        load_component(pipeline, subfolder=subfolder, runtime=runtime_at(published_root)).close()
+        load_component(
+            pipeline, subfolder=subfolder, runtime=runtime_at(published_root), publish_in_background=False
+        ).close()
         fp16_cold = load_component(
-            pipeline, subfolder=subfolder, runtime=runtime_at(published_root), torch_dtype="float16"
+            pipeline,
+            subfolder=subfolder,
+            runtime=runtime_at(published_root),
+            torch_dtype="float16",
+            publish_in_background=False,
         )
         fp16_cold.close()
         assert prewarmed.identity_key == fp16_cold.identity_key
         for dtype, key in ((torch.bfloat16, first.identity_key), (torch.float16, prewarmed.identity_key)):
             with (
-                load_component(pipeline, subfolder=subfolder, runtime=runtime, torch_dtype=dtype) as streamed,
                 load_component(
-                    pipeline, subfolder=subfolder, runtime=runtime_at(published_root), torch_dtype=dtype
+                    pipeline, subfolder=subfolder, runtime=runtime, torch_dtype=dtype, publish_in_background=False
+                ) as streamed,
+                load_component(
+                    pipeline,
+                    subfolder=subfolder,
+                    runtime=runtime_at(published_root),
+                    torch_dtype=dtype,
+                    publish_in_background=False,
                 ) as published,
             ):
                 assert streamed.outcome is published.outcome is ResolutionOutcome.LOCAL_HIT

@@ -42,14 +42,14 @@ def test_a_sharded_t5_streams_and_hits_tied(tmp_path: Path) -> None:
     _t5().save_pretrained(folder / "text_encoder_2", max_shard_size="20KB")  # type: ignore[operator]
     assert (folder / "text_encoder_2" / "model.safetensors.index.json").is_file()
     streamed = runtime_at(tmp_path / "a")
-    with load_component(folder, subfolder="text_encoder_2", runtime=streamed, stream_on_miss=True) as first:
+    with load_component(folder, subfolder="text_encoder_2", runtime=streamed, stream_on_miss=True, publish_in_background=False) as first:
         assert first.outcome is ResolutionOutcome.LOCAL_PRODUCTION
-    with load_component(folder, subfolder="text_encoder_2", runtime=streamed) as warm:
+    with load_component(folder, subfolder="text_encoder_2", runtime=streamed, publish_in_background=False) as warm:
         assert warm.outcome is ResolutionOutcome.LOCAL_HIT
         model = warm.model
         assert model.get_parameter("shared.weight") is model.get_parameter("encoder.embed_tokens.weight")
         assert every_tensor(model) == every_tensor(canonical(folder, "text_encoder_2", torch.bfloat16))
-    with load_component(folder, subfolder="text_encoder_2", runtime=runtime_at(tmp_path / "b")) as other_node:
+    with load_component(folder, subfolder="text_encoder_2", runtime=runtime_at(tmp_path / "b"), publish_in_background=False) as other_node:
         assert other_node.identity_key == first.identity_key
 
 
@@ -137,10 +137,10 @@ def test_a_repo_id_in_the_hub_cache_serves_its_text_encoders(tmp_path: Path) -> 
     save_hub_snapshot(cache, "hwr-test/tiny-encoders", pipeline)
     runtime = runtime_at(tmp_path / "domain")
     repo = "hwr-test/tiny-encoders"
-    load_component(repo, subfolder="text_encoder_2", runtime=runtime, cache_dir=cache).close()
-    with load_component(repo, subfolder="text_encoder_2", runtime=runtime, cache_dir=cache) as warm:
+    load_component(repo, subfolder="text_encoder_2", runtime=runtime, cache_dir=cache, publish_in_background=False).close()
+    with load_component(repo, subfolder="text_encoder_2", runtime=runtime, cache_dir=cache, publish_in_background=False) as warm:
         assert warm.outcome is ResolutionOutcome.LOCAL_HIT
         assert type(warm.model).__name__ == "T5EncoderModel"
-        with load_component(pipeline, subfolder="text_encoder_2", runtime=runtime) as copy:
+        with load_component(pipeline, subfolder="text_encoder_2", runtime=runtime, publish_in_background=False) as copy:
             assert copy.outcome is ResolutionOutcome.LOCAL_HIT
             assert copy.identity_key == warm.identity_key

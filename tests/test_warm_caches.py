@@ -251,16 +251,16 @@ def test_an_evicted_then_republished_artifact_is_served_from_disk_not_from_the_p
     canonical."""
     folder = save_folder(tmp_path / "model", "flux")
     runtime = runtime_at(tmp_path / "domain")
-    with load_component(folder.root, subfolder=DIT, runtime=runtime) as cold:
+    with load_component(folder.root, subfolder=DIT, runtime=runtime, publish_in_background=False) as cold:
         assert cold.load_path is ComponentLoadPath.CANONICAL
-    with load_component(folder.root, subfolder=DIT, runtime=runtime) as warm:
+    with load_component(folder.root, subfolder=DIT, runtime=runtime, publish_in_background=False) as warm:
         assert warm.load_path is ComponentLoadPath.ARTIFACT and warm.lease is not None
         first_manifest = warm.lease.manifest
         key = warm.lease.identity.key
     store = FilesystemHostWeightStore(tmp_path / "domain")
     assert store.cleanup(key).status is CleanupStatus.REMOVED
 
-    with load_component(folder.root, subfolder=DIT, runtime=runtime) as after_eviction:
+    with load_component(folder.root, subfolder=DIT, runtime=runtime, publish_in_background=False) as after_eviction:
         assert after_eviction.outcome is not ResolutionOutcome.LOCAL_HIT  # the lookup missed: nothing from memory
         assert after_eviction.load_path is ComponentLoadPath.CANONICAL and after_eviction.lease is None
     assert store.cleanup(key).status is CleanupStatus.REMOVED  # what that load published goes too
@@ -275,7 +275,7 @@ def test_an_evicted_then_republished_artifact_is_served_from_disk_not_from_the_p
     assert republished.status is PostLoadPublicationStatus.PUBLISHED, republished.failure
     on_disk = (store.layout.artifact_dir(key) / MANIFEST_FILE_NAME).read_bytes()
 
-    with load_component(folder.root, subfolder=DIT, runtime=runtime) as again:
+    with load_component(folder.root, subfolder=DIT, runtime=runtime, publish_in_background=False) as again:
         assert again.load_path is ComponentLoadPath.ARTIFACT and again.lease is not None
         assert again.lease.manifest == WeightManifest.from_bytes(on_disk)
         assert again.lease.manifest != first_manifest

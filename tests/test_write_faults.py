@@ -260,7 +260,7 @@ def test_real_enospc_through_load_component_publishes_nothing_then_recovers(tmp_
         )
         filler = Filler(mount_point)
         arm("writer.preallocate", Fault(FaultAction.PAUSE, hook=filler.fill))
-        with load_component(folder, runtime=HostWeightRuntime(config)) as loaded:
+        with load_component(folder, runtime=HostWeightRuntime(config), publish_in_background=False) as loaded:
             disarm_all()
             assert filler.fired == ["writer.preallocate"]
             assert loaded.lease is None and loaded.outcome is ResolutionOutcome.CANONICAL_FALLBACK
@@ -269,8 +269,8 @@ def test_real_enospc_through_load_component_publishes_nothing_then_recovers(tmp_
         store = FilesystemHostWeightStore(root)
         assert os.listdir(store.layout.artifacts) == [] and os.listdir(store.layout.tmp) == []
         filler.free()
-        with load_component(folder, runtime=HostWeightRuntime(config)) as again:
+        with load_component(folder, runtime=HostWeightRuntime(config), publish_in_background=False) as again:
             assert again.publication is not None and again.publication.failure is None
-        with load_component(folder, runtime=HostWeightRuntime(config)) as hit:
+        with load_component(folder, runtime=HostWeightRuntime(config), publish_in_background=False) as hit:
             assert hit.outcome is ResolutionOutcome.LOCAL_HIT and hit.lease is not None
         assert len(os.listdir(store.layout.artifacts)) == 1 and os.listdir(store.layout.tmp) == []

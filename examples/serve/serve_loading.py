@@ -65,7 +65,10 @@ def load_served_pipeline(model: str, revision: str | None = None) -> ServedPipel
     runtime = HostWeightRuntime.from_env()
     domain_error = None
     try:
-        loaded = load_pipeline(model, torch_dtype=SERVED_DTYPE, revision=revision, runtime=runtime)
+        # Publishing before returning, so /health reports each publication's outcome (why it failed, on a full
+        # domain) and the workers started next hit. Drop the argument for the fastest first worker: the
+        # artifacts are then built behind it (`LoadedComponent.background_publication`).
+        loaded = load_pipeline(model, torch_dtype=SERVED_DTYPE, revision=revision, runtime=runtime, publish_in_background=False)
     except HostWeightError as exc:
         if runtime.config.mode is not RuntimeMode.PREFERRED:
             raise

@@ -30,9 +30,10 @@ from ..failures import (
 )
 from ..outcomes import AttemptAction, AttemptResult, ResolutionAttempt, ResolutionOutcome, ResolutionReport
 from ..runtime import HostWeightRuntime
+from ._build_progress import ArrivalChoice, arrival_choice
 from ._load_options import LoadOptions, check_dtype, check_load_arguments, check_parallel, check_variant
 from ._source_prehash import SourcePrehash, cores_free_beside_load
-from .background import BackgroundPublication
+from .background import BackgroundPublication, in_flight
 from .canonical_step import load_canonical_at, load_canonical_for
 from .canonical_warning import warn_if_canonical
 from .component_source import (
@@ -87,7 +88,7 @@ def load_component(
     runtime: HostWeightRuntime | None = None,
     parallel: FinalLayoutParallelIdentity | None = None,
     stream_on_miss: bool | None = None,
-    publish_in_background: bool = False,
+    publish_in_background: bool | None = None,
     process_group: Any = None,
     representation: str = "bf16",
     **from_pretrained_kwargs: Any,
@@ -108,20 +109,31 @@ def load_component(
     downloaded; the token is never used, kept or logged); anything else is refused with a
     `HostWeightUsageError` (a ValueError too) naming it.
 
-    `runtime=None` reads `HWR_*` from the environment. On a miss the checkpoint is streamed
-    into a new artifact when `stream_on_miss` (default: only in REQUIRED mode); otherwise the
-    model is loaded canonically and published after load. In PREFERRED mode any failure falls
-    back to the canonical load; in REQUIRED mode it raises `HostWeightError`. Checkpoint files this
-    node never hashed are hashed on threads while the skeleton is built and (PREFERRED, no remote)
-    the canonical load runs; the lookup follows the hashing, and a hit found then is still served.
+    `runtime=None` reads `HWR_*` from the environment. In PREFERRED mode any failure falls back
+    to the canonical load; in REQUIRED mode it raises `HostWeightError`. On a miss the checkpoint
+    is streamed into a new artifact before returning when `stream_on_miss` (default: only in
+    REQUIRED mode, which so keeps building before it returns).
 
-    `publish_in_background=True` (PREFERRED, safetensors checkpoints) returns the canonical
-    model as soon as it is loaded and builds the artifact from the checkpoint on a thread
-    (`LoadedComponent.background_publication`; the process waits for it at exit). When this
-    node has never hashed the checkpoint files and no remote is configured, no artifact can
-    exist for them here, so the lookup is skipped (outcome CANONICAL_FALLBACK, one SKIPPED
-    attempt), the hashing moves to that thread too, and the first worker starts as fast as a
-    plain `from_pretrained`.
+    Otherwise (PREFERRED, the default) no worker waits for the runtime on a miss: the first
+    worker on a node returns its canonical model as soon as it is loaded, and the artifact is
+    built from the checkpoint (safetensors) on a nice'd thread
+    (`LoadedComponent.background_publication`; the process waits for it at exit; a killed
+    process leaves only an invisible tmp build that the next builder removes). When this node
+    has never hashed the checkpoint files and no remote is configured, no artifact can exist for
+    them here, so the lookup is skipped (outcome CANONICAL_FALLBACK, one SKIPPED attempt) and the
+    hashing moves to that thread too; where the key is free (hub cache blob names, the node's
+    digest cache), the lookup runs first and a hit is served from the artifact. A worker whose
+    lookup misses while another worker publishes the same key takes whichever is sooner, by a
+    rule decided from the build lock and the builder's progress record (`_build_progress.py`):
+    no build lock held, it publishes behind as a first worker; held, it waits for the artifact
+    when the bytes still to stream, at the builder's rate so far, take less than the canonical
+    load the builder measured (always once every byte is streamed), and otherwise loads
+    canonically and leaves the publication to the builder. A publication in flight in this very
+    process is always waited for. A runtime whose policy disallows local builds or post-load
+    publication (`allow_local_build`, `allow_post_load_publish`, their HWR_* variables) keeps the
+    path below unless `publish_in_background=True`. `publish_in_background=False` publishes before returning
+    (after the canonical load; files this node never hashed are hashed beside the skeleton and,
+    where a core is free, the load); `.bin`-only checkpoints always publish that way.
 
     `HWR_REMOTE` (or the runtime's remote providers) makes a local miss import the exact
     artifact from a remote (outcome REMOTE_IMPORT) before any local build or canonical load;
@@ -185,9 +197,16 @@ def load_component(
             location, call.canonical_only(report_without_lookup(mode, ResolutionOutcome.CANONICAL_DIRECT))
         )
     stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
-    background = publish_in_background and mode is RuntimeMode.PREFERRED and not stream
+    background = _publishes_behind(publish_in_background, runtime) and mode is RuntimeMode.PREFERRED and not stream
     parallel = parallel if parallel is not None else FinalLayoutParallelIdentity()
     return warn_if_canonical(location, _load_through_runtime(call, parallel, stream=stream, background=background))
+
+
+def _publishes_behind(publish_in_background: bool | None, runtime: HostWeightRuntime) -> bool:
+    """The default publishes behind only where the runtime's policy lets a worker publish at all."""
+    if publish_in_background is not None:
+        return publish_in_background
+    return runtime.config.allow_local_build and runtime.config.allow_post_load_publish
 
 
 def _refuse_with_tensor_parallel(variant: str | None, from_pretrained_kwargs: Mapping[str, Any]) -> None:
@@ -235,6 +254,7 @@ def _load_through_runtime(
     """
     identify_started = time.monotonic()
     source = _checkpoint_or_named_source(call)
+    _wait_for_own_publication(call, source)
     hash_behind = background and source.use_safetensors and _first_on_node(source, call.runtime)
     free_cores = cores_free_beside_load() if call.mode is RuntimeMode.PREFERRED and not stream else 0
     prehash = None
@@ -303,6 +323,25 @@ def _checkpoint_or_named_source(call: _ComponentCall) -> PreparedWeightSource:
     return checkpoint_or_named_source(call.location, call.options, call.runtime, layout)
 
 
+def _source_name(call: _ComponentCall, source: PreparedWeightSource) -> tuple[object, ...] | None:
+    """What names this checkpoint and representation in this process (None for a load by name)."""
+    if not source.weight_files:
+        return None
+    return (tuple(os.path.realpath(path) for path in source.weight_files), str(call.options.dtype), call.fp8)
+
+
+def _wait_for_own_publication(call: _ComponentCall, source: PreparedWeightSource) -> None:
+    """This process already publishes this checkpoint on a thread: wait for it, then the lookup finds it.
+
+    A second canonical load here would compete with that thread for the same cores and disk.
+    """
+    name = _source_name(call, source)
+    publication = None if name is None else in_flight(name)
+    if publication is not None:
+        _LOG.info("%s is being published by this process; waiting for it", call.location.name_or_path)
+        publication.wait()
+
+
 def _first_on_node(source: PreparedWeightSource, runtime: HostWeightRuntime) -> bool:
     """Without a remote, a node that never hashed these files cannot hold their artifact: skip the lookup."""
     return not runtime.remote_providers and needs_hashing(source, runtime)
@@ -313,8 +352,14 @@ def _canonical_then_hash_in_background(call: _ComponentCall, skeleton: Component
 
     Started before the load, the thread slowed the load and published no sooner on a shared 2-core VM.
     """
+    loading = time.monotonic()
     model = load_canonical_for(skeleton, fp8=call.fp8)
-    publication = start_background_publication(skeleton, call.runtime)
+    publication = start_background_publication(
+        skeleton,
+        call.runtime,
+        canonical_s=time.monotonic() - loading,
+        source=_source_name(call, skeleton.source),
+    )
     skipped = ResolutionAttempt(
         ResolutionStage.LOOKUP, AttemptResult.SKIPPED, AttemptAction.FALL_BACK, 0.0, None, _SKIPPED_LOOKUP
     )
@@ -371,10 +416,25 @@ def _serve(
     if identified.skeleton.source.recorded is not None:
         raise _named_load_failed(identified, resolution.report, restore_failure)
     publish = restore_failure is None and resolution.outcome is ResolutionOutcome.CANONICAL_FALLBACK
+    behind = publish and background and identified.skeleton.source.use_safetensors
+    choice = arrival_choice(call.runtime.config.resolved_root, key) if behind else ArrivalChoice.NO_BUILD
+    if choice is ArrivalChoice.WAIT and early is None:
+        joined = _serve_the_build_in_flight(call, identified)
+        if joined is not None:
+            return joined
+    loading = time.monotonic()
     model = early if early is not None else load_canonical_for(identified.skeleton, fp8=call.fp8)
     in_background: BackgroundPublication | None = None
-    if publish and background and identified.skeleton.source.use_safetensors:
-        in_background = start_background_publication(identified, call.runtime)
+    if behind and choice is ArrivalChoice.NO_BUILD:
+        in_background = start_background_publication(
+            identified,
+            call.runtime,
+            canonical_s=time.monotonic() - loading,
+            source=_source_name(call, identified.skeleton.source),
+        )
+    elif behind:
+        _LOG.info("%s... is being published by another worker; loaded canonically, publishing nothing", key[:16])
+        publish = False
     publication = None
     if publish and in_background is None:
         publication = publish_after_canonical_load(
@@ -388,6 +448,20 @@ def _serve(
         publication=publication,
         restore_failure=restore_failure,
         background_publication=in_background,
+    )
+
+
+def _serve_the_build_in_flight(call: _ComponentCall, identified: IdentifiedComponent) -> LoadedComponent | None:
+    """Wait (under the lock timeout) for the build another worker runs, then serve its artifact; None: load instead."""
+    resolution = resolve_component(identified, call.runtime, stream=True)
+    if resolution.lease is None:
+        return None
+    restored = restore_or_fall_back(identified, resolution.lease, fp8=call.fp8, required=False)
+    if restored.model is None:
+        return None
+    key = identified.context.identity.key
+    return call.stopwatch.finish(
+        restored.model, ComponentLoadPath.ARTIFACT, resolution.report, identity_key=key, lease=resolution.lease
     )
 
 

@@ -33,6 +33,7 @@ from ._model_index import ClassKind, IndexedComponent, ModelIndex, read_model_in
 from ._pipeline_arguments import split_pipeline_arguments
 from ._prewarm_plan import check_something_to_prewarm
 from ._source_files import select_weight_files
+from .background import deferred_publications
 from .canonical_warning import warn_canonical_records
 from .component_source import ComponentLocation
 from .load_reports import PrewarmResult
@@ -296,7 +297,7 @@ def load_pipeline(
     cache_dir: str | os.PathLike[str] | None = None,
     use_safetensors: bool | None = None,
     runtime: HostWeightRuntime | None = None,
-    publish_in_background: bool = False,
+    publish_in_background: bool | None = None,
     stream_on_miss: bool | None = None,
     **kwargs: Any,
 ) -> LoadedPipeline:
@@ -310,6 +311,11 @@ def load_pipeline(
     a dtype it does not serve) is loaded by diffusers and its record says why; in REQUIRED mode that
     is a HostWeightUsageError instead. A custom class from remote code is a HostWeightUsageError.
     `dtype` is diffusers' newer spelling of `torch_dtype`; when given, it wins.
+
+    A first worker (PREFERRED, the default) returns the pipeline at canonical speed: each component
+    missing here is loaded canonically, and the artifacts are built behind it, one checkpoint at a
+    time, only once the pipeline is assembled (see `load_component` for the rule a worker arriving
+    meanwhile follows, and for `publish_in_background=False` and `stream_on_miss`).
     """
     started = time.monotonic()
     torch_dtype = dtype if dtype is not None else torch_dtype
@@ -325,7 +331,7 @@ def load_pipeline(
     _check_required(records, runtime.config.mode, root)
     warn_canonical_records(root, [(r.name, r.reason) for r in records if r.handling is ComponentHandling.CANONICAL])
     served: dict[str, LoadedComponent] = {}
-    with ExitStack() as undo:
+    with deferred_publications(), ExitStack() as undo:
         for record in records:
             if record.handling is not ComponentHandling.SERVED:
                 continue

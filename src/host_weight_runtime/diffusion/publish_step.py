@@ -6,11 +6,14 @@ A post-load publication copies the loaded model's tensors; a build streams the c
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 
 from ..failures import FailureCode, HostWeightError, ResolutionStage, failure
 from ..outcomes import PostLoadPublicationReport
 from ..runtime import HostWeightRuntime
+from ._build_progress import ProgressRecorder
 from .background import BackgroundPublication
 from .fp8 import FinalLayoutFP8Producer
 from .identity_adapter import FinalLayoutIdentityContext
@@ -74,7 +77,27 @@ def build_artifact(
 
 
 def start_background_publication(
-    component: ComponentSkeleton | IdentifiedComponent, runtime: HostWeightRuntime
+    component: ComponentSkeleton | IdentifiedComponent,
+    runtime: HostWeightRuntime,
+    *,
+    canonical_s: float | None = None,
+    source: Hashable | None = None,
 ) -> BackgroundPublication:
-    """Build the artifact from the checkpoint on a thread of its own (hashing first, when not yet identified)."""
-    return BackgroundPublication(lambda: build_artifact(component, runtime, None))
+    """Build the artifact from the checkpoint on a thread of its own (hashing first, when not yet identified).
+
+    The build keeps a progress record (`_build_progress.py`) carrying `canonical_s`, the canonical
+    load this worker just paid, so a worker arriving meanwhile can tell which is sooner.
+    """
+    return BackgroundPublication(lambda: _build_recording_progress(component, runtime, canonical_s), source=source)
+
+
+def _build_recording_progress(
+    component: ComponentSkeleton | IdentifiedComponent, runtime: HostWeightRuntime, canonical_s: float | None
+) -> PrewarmResult:
+    required = required_runtime(runtime)
+    identified = component if isinstance(component, IdentifiedComponent) else identify_component(component, required)
+    recorder = ProgressRecorder(required.config.resolved_root, identified.context.identity.key, canonical_s)
+    try:
+        return build_artifact(identified, required, recorder)
+    finally:
+        recorder.close()

@@ -21,6 +21,9 @@
       verified/<key>.json         "this publication was fully hashed on this node" (background verification)
       source-digests-v1/          node cache of checkpoint-file hashes (diffusion adapters);
         entries/, locks/          disposable: a missing or corrupt entry is simply recomputed
+      publishing-v1/<key>.json    progress of a background publication, so a worker arriving meanwhile
+                                  can take whichever is sooner (diffusion adapters); advisory, removed
+                                  when the build ends
       named-snapshots-v1/         a load by name: the non-weight files (configs, tokenizers) of snapshots
                                   this node holds no checkpoint of, fetched from a remote and checked by
                                   SHA-256 (diffusion adapters); disposable, fetched again when missing
