@@ -115,7 +115,7 @@ class IntegrityPolicy:
 
 @dataclass(frozen=True)
 class RemoteImportPolicy:
-    """Remote import: this runtime's remotes are fsspec URLs, so `providers` are URLs here."""
+    """Remote import: a provider that is a URL is one of this runtime's remotes; any other id is modeled only."""
 
     on_local_miss: RemoteOnMiss = RemoteOnMiss.DISABLED
     providers: tuple[str, ...] = ()
@@ -209,5 +209,5 @@ def native_config(config: HostWeightRuntimeConfig) -> native.HostWeightRuntimeCo
         lock_timeout_s=float(config.wait.coordination_timeout_seconds),
         capacity=config.capacity.native(),
         eviction=native.EvictionPolicy(config.capacity.eviction),
-        remote=config.remote.providers if remote_on else (),
+        remote=config.remote.providers if remote_on and all("://" in item for item in config.remote.providers) else (),
     )

@@ -22,6 +22,7 @@ from ..config import (
     native_validation,
 )
 from ..inspection import ArtifactInspection, DomainInspection, inventory_entry_of
+from ..manifest import WeightManifest
 from ..outcomes import StoreResult, store_result_of
 
 __all__ = [
@@ -50,12 +51,31 @@ _DEFAULT_WAIT = WaitPolicy()
 
 
 def _domain_failure(found: HostWeightFailure, root: Path) -> HostWeightFailure:
-    """The reference reports a domain whose init lock stays held as DOMAIN_UNAVAILABLE (retryable), naming the lock."""
+    """The reference's words for two domain failures.
+
+    A root on a filesystem that is not node-local is its DOMAIN_POLICY_MISMATCH; a domain whose init lock
+    stays held is its DOMAIN_UNAVAILABLE (retryable), naming the lock.
+    """
+    if found.code is FailureCode.UNSUPPORTED_FILESYSTEM:
+        return HostWeightFailure(found.stage, FailureCode.DOMAIN_POLICY_CONFLICT, False, found.message, found.details)
     if found.stage is not ResolutionStage.DOMAIN or found.code is not FailureCode.LOCK_TIMEOUT:
         return found
     lock = DomainLayout(root).domain_init_lock
     message = f"timed out waiting for {lock}: {found.message}"
     return HostWeightFailure(ResolutionStage.DOMAIN, FailureCode.DOMAIN_UNAVAILABLE, True, message, found.details)
+
+
+def _require_node_local(root: Path) -> None:
+    """Refuse a root whose filesystem is not node-local before anything is created.
+
+    Asked through this module's `detect_filesystem_type`, as the reference's store does, so code that
+    substitutes it (to simulate NFS, say) sees the same refusal; the store checks the mount table again.
+    """
+    fs_type = detect_filesystem_type(root)
+    if classify_filesystem(fs_type) is None:
+        message = f"the domain root {root} is on {fs_type}, which is not node-local: a domain needs tmpfs or local disk"
+        code = FailureCode.DOMAIN_POLICY_CONFLICT
+        raise HostWeightError(failure(ResolutionStage.DOMAIN, code, message, root=str(root), fs_type=fs_type))
 
 
 def _fs_verity_unsupported() -> StoreResult:
@@ -88,6 +108,7 @@ class FilesystemHostWeightStore:
         self.capacity_policy = capacity
         self.integrity_policy = integrity
         self.root = domain.root.expanduser().resolve()
+        _require_node_local(self.root)
         try:
             self.native = NativeStore(
                 self.root,
@@ -157,7 +178,8 @@ class FilesystemHostWeightStore:
         result = self.lookup(identity, validation=validation)
         manifest = fingerprint = None
         if result.lease is not None:
-            manifest, fingerprint = result.lease.manifest, result.lease.provenance.backing_fingerprint
+            manifest = WeightManifest.from_native(result.lease.manifest)
+            fingerprint = result.lease.provenance.backing_fingerprint
             result.lease.close()
         return ArtifactInspection(
             artifact_key=identity.key,
