@@ -10,7 +10,7 @@ from typing import TypeVar, cast
 
 from ... import outcomes as native_outcomes
 from ...config import RuntimeMode
-from ...failures import HostWeightError, HostWeightFailure
+from ...failures import HostWeightError, HostWeightFailure, ResolutionStage
 from ...filesystem.store import FilesystemHostWeightStore as NativeFilesystemStore
 from ...identity import WeightArtifactIdentity
 from ...lease import HostWeightLease
@@ -28,6 +28,7 @@ from .outcomes import (
     PostLoadPublicationReport,
     ResolutionOutcome,
     ResolutionReport,
+    StoreResult,
     publication_report_of,
     resolution_of,
     resolution_report_of,
@@ -189,14 +190,18 @@ class _ReferenceStore:
         built = self._store.get_or_build(  # type: ignore[attr-defined]
             request, producer, validation=ValidationLevel(validation.value), deadline=deadline
         )
-        found = native_store_result(built, request.identity)
-        lease: object = found.lease
+        lease: object = getattr(built, "lease", None)
         post_load = producer.spec.lookup_phase is LookupPhase.POST_LOAD_ONLY
-        if post_load and lease is not None and not isinstance(lease, HostWeightLease):
+        if (
+            post_load
+            and isinstance(built, StoreResult)
+            and lease is not None
+            and not isinstance(lease, HostWeightLease)
+        ):
             # a post-load publication only closes the lease: it is never handed to a caller
             closed_only = cast(HostWeightLease, _ClosedOnly(request.identity, lease))
-            return NativeStoreResult(found.status, found.identity, closed_only)
-        return found
+            return NativeStoreResult(built.status, request.identity, closed_only)
+        return native_store_result(built, request.identity, stage=ResolutionStage.PRODUCTION)
 
 
 class _ClosedOnly:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ....canonical_json import CanonicalJson, JsonValue
 from ....config import EvictionPolicy, StorageClass
 from ....failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
 from ....filesystem import DomainLayout
 from ....filesystem.domain import classify_filesystem, read_mount_table
 from ....filesystem.store import FilesystemHostWeightStore as NativeStore
 from ....identity import WeightArtifactIdentity
+from ....lease import HostWeightLease
 from ....outcomes import CleanupStatus, StoreStatus
 from ....outcomes import StoreResult as NativeStoreResult
 from ....protocols import BuildRequest, WeightProducer
@@ -194,7 +196,9 @@ class FilesystemHostWeightStore:
         )
 
 
-def native_store_result(result: object, identity: WeightArtifactIdentity) -> NativeStoreResult:
+def native_store_result(
+    result: object, identity: WeightArtifactIdentity, *, stage: ResolutionStage = ResolutionStage.LOOKUP
+) -> NativeStoreResult:
     """This runtime's result for a store written to the reference's protocol (either result shape)."""
     if isinstance(result, NativeStoreResult):
         return result
@@ -203,4 +207,23 @@ def native_store_result(result: object, identity: WeightArtifactIdentity) -> Nat
     status = result.status
     if status is StoreStatus.TIMEOUT and result.failure is None:  # pragma: no cover - StoreResult refuses it
         raise ValueError("a TIMEOUT store result needs a failure")
+    lease: object = result.lease
+    if lease is not None and not isinstance(lease, HostWeightLease):
+        return _foreign_lease(status, identity, lease, stage)
     return NativeStoreResult(status, identity, result.lease, result.failure)
+
+
+def _foreign_lease(
+    status: StoreStatus, identity: WeightArtifactIdentity, lease: object, stage: ResolutionStage
+) -> NativeStoreResult:
+    """A store's lease that is not this runtime's is closed and refused (UNEXPECTED_STATUS): never handed out."""
+    details: dict[str, JsonValue] = {"status": status.value, "lease_type": type(lease).__name__}
+    close = getattr(lease, "close", None)
+    try:
+        if callable(close):
+            close()
+    except Exception as exc:  # the refusal stands; the close failure is reported with it
+        details["lease_close_exception_type"] = type(exc).__name__
+    message = f"the store returned a {type(lease).__name__} as its lease, not a HostWeightLease; it was closed"
+    found = HostWeightFailure(stage, FailureCode.UNEXPECTED_STATUS, False, message, CanonicalJson.from_value(details))
+    return NativeStoreResult(StoreStatus.FAILED, identity, None, found)
