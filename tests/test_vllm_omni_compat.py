@@ -477,3 +477,38 @@ def test_resolve_closes_and_refuses_a_lease_that_is_not_this_runtimes(tmp_path: 
     failure = resolution.report.attempts[-1].failure
     assert failure is not None and failure.code is compat.FailureCode.UNEXPECTED_STATUS
     assert "_OwnLease" in failure.message
+
+
+def test_get_or_build_asks_the_stores_own_lookup_first(tmp_path: Path) -> None:
+    """X03: as in the reference, the compat store's get_or_build goes through its own public `lookup` first,
+    so a subclass's lookup is asked (and a hit it answers is what the build returns, with no producer run)."""
+    asked: list[compat.StoreStatus] = []
+
+    class Counting(compat.filesystem.FilesystemHostWeightStore):
+        def lookup(
+            self,
+            identity: compat.WeightArtifactIdentity,
+            *,
+            validation: compat.ValidationLevel,
+            deadline: float | None = None,
+        ) -> compat.StoreResult:
+            found = super().lookup(identity, validation=validation, deadline=deadline)
+            asked.append(found.status)
+            return found
+
+    root = tmp_path / "store"
+    domain = compat.StorageDomainPolicy(root=root, storage_class=compat.filesystem.detect_storage_class(tmp_path))
+    store = Counting(domain, compat.CapacityPolicy(), compat.IntegrityPolicy())
+    identity = _ref_identity()
+    producer = _OneTensor(identity)
+    for expected in (compat.StoreStatus.BUILT, compat.StoreStatus.HIT):
+        result = store.get_or_build(
+            compat.BuildRequest(identity),
+            producer,
+            validation=compat.ValidationLevel.FULL_CHECKSUM,
+            deadline=time.monotonic() + 30,
+        )
+        assert result.status is expected and result.lease is not None
+        result.lease.close()
+    assert asked == [compat.StoreStatus.MISS, compat.StoreStatus.HIT]
+    assert producer.calls == 1

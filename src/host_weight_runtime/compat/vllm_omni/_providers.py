@@ -11,14 +11,9 @@ from __future__ import annotations
 from ...failures import FailureCode, HostWeightError, ResolutionStage, failure
 from ...identity import WeightArtifactIdentity
 from ...protocols import ArtifactWriter, ProductionMetadata, RemoteArtifactDescriptor, RemoteArtifactProvider
-from .config import HostWeightRuntimeConfig, RemoteOnMiss
+from .config import HostWeightRuntimeConfig, RemoteOnMiss, is_url
 
-__all__ = ["ModeledProvider", "is_url", "remote_providers"]
-
-
-def is_url(provider: str) -> bool:
-    """Whether a provider entry is a URL (this runtime's remote) rather than a provider id."""
-    return "://" in provider
+__all__ = ["ModeledProvider", "remote_providers"]
 
 
 class ModeledProvider:

@@ -24,6 +24,7 @@ __all__ = [
     "StorageScope",
     "ValidationLevel",
     "WaitPolicy",
+    "is_url",
     "native_config",
 ]
 
@@ -187,6 +188,11 @@ class HostWeightRuntimeConfig:
             raise ValueError("enabled Host Weight Runtime requires a storage domain")
 
 
+def is_url(provider: str) -> bool:
+    """Whether a remote provider entry is a URL (one of this runtime's remotes) rather than a provider id."""
+    return "://" in provider
+
+
 def native_validation(level: ValidationLevel) -> NativeValidationLevel:
     """This runtime's level for a reference level; FS_VERITY has none (callers refuse it first)."""
     return NativeValidationLevel(level.value)
@@ -209,5 +215,5 @@ def native_config(config: HostWeightRuntimeConfig) -> native.HostWeightRuntimeCo
         lock_timeout_s=float(config.wait.coordination_timeout_seconds),
         capacity=config.capacity.native(),
         eviction=native.EvictionPolicy(config.capacity.eviction),
-        remote=config.remote.providers if remote_on and all("://" in item for item in config.remote.providers) else (),
+        remote=config.remote.providers if remote_on and all(map(is_url, config.remote.providers)) else (),
     )

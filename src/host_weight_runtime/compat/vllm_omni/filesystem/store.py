@@ -140,6 +140,11 @@ class FilesystemHostWeightStore:
     ) -> StoreResult:
         if ValidationLevel(validation) is ValidationLevel.FS_VERITY:
             return _fs_verity_unsupported()
+        # First through this object's own `lookup`, as the reference's store does, so what a subclass or a
+        # caller puts in its place is asked too; a hit ends here, anything else goes to the native build.
+        found = self.lookup(request.identity, validation=validation, deadline=deadline)
+        if found.status is StoreStatus.HIT:
+            return found
         level = native_validation(ValidationLevel(validation))
         return store_result_of(self.native.get_or_build(request, producer, validation=level, deadline=deadline))
 
