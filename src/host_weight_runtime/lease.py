@@ -53,6 +53,11 @@ class LeaseProvenance:
     two leases share pages exactly when their fingerprints match. Empty for a lease built outside a store."""
 
     @property
+    def domain_uuid(self) -> str:
+        """`domain_id` under vLLM-Omni's name for it (the domain's own id, from domain.json)."""
+        return self.domain_id
+
+    @property
     def origin(self) -> str:
         """Where the artifact's bytes came from: `remote` for an import, else `producer`."""
         return "remote" if self.source is LeaseSource.REMOTE_IMPORT else "producer"

@@ -1,8 +1,8 @@
 """vLLM-Omni's Host Weight Runtime API (`vllm_omni.host_weight_runtime` 0.30.0) on this runtime.
 
-Every public name of the reference, with its signature, defaults and fields. Identities, manifests,
-leases, failures and protocols are this runtime's own types (one store, one implementation); the
-reference's policies, reports and store results are thin translations of this runtime's. `install()`
+Every public name of the reference, with its signature, defaults and fields. Identities, leases,
+failures and protocols are this runtime's own types (one store, one implementation); the reference's
+policies, reports, store results and manifest records are thin translations of this runtime's. `install()`
 makes `import vllm_omni.host_weight_runtime` give this module. Differences: docs/vllm-omni.md.
 """
 

@@ -24,6 +24,7 @@ __all__ = [
     "StorageScope",
     "ValidationLevel",
     "WaitPolicy",
+    "is_url",
     "native_config",
 ]
 
@@ -115,7 +116,7 @@ class IntegrityPolicy:
 
 @dataclass(frozen=True)
 class RemoteImportPolicy:
-    """Remote import: this runtime's remotes are fsspec URLs, so `providers` are URLs here."""
+    """Remote import: a provider that is a URL is one of this runtime's remotes; any other id is modeled only."""
 
     on_local_miss: RemoteOnMiss = RemoteOnMiss.DISABLED
     providers: tuple[str, ...] = ()
@@ -187,6 +188,11 @@ class HostWeightRuntimeConfig:
             raise ValueError("enabled Host Weight Runtime requires a storage domain")
 
 
+def is_url(provider: str) -> bool:
+    """Whether a remote provider entry is a URL (one of this runtime's remotes) rather than a provider id."""
+    return "://" in provider
+
+
 def native_validation(level: ValidationLevel) -> NativeValidationLevel:
     """This runtime's level for a reference level; FS_VERITY has none (callers refuse it first)."""
     return NativeValidationLevel(level.value)
@@ -209,5 +215,5 @@ def native_config(config: HostWeightRuntimeConfig) -> native.HostWeightRuntimeCo
         lock_timeout_s=float(config.wait.coordination_timeout_seconds),
         capacity=config.capacity.native(),
         eviction=native.EvictionPolicy(config.capacity.eviction),
-        remote=config.remote.providers if remote_on else (),
+        remote=config.remote.providers if remote_on and all(map(is_url, config.remote.providers)) else (),
     )

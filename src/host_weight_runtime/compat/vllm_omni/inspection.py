@@ -9,9 +9,9 @@ from typing import Protocol
 from ...failures import HostWeightFailure
 from ...filesystem import inspection as native
 from ...identity import WeightArtifactIdentity
-from ...manifest import WeightManifest
 from ...outcomes import StoreStatus
 from .config import ValidationLevel
+from .manifest import WeightManifest
 
 __all__ = [
     "ArtifactInspection",

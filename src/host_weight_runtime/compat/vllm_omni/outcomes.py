@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ... import outcomes as native
+from ...canonical_json import CanonicalJson
 from ...failures import FailureCode, HostWeightFailure, ResolutionStage
 from ...outcomes import ResolutionOutcome, StoreStatus
 from .errors import ResolutionAction
@@ -154,12 +155,25 @@ def store_result_of(result: native.StoreResult) -> StoreResult:
     status = result.status
     if status is StoreStatus.FAILED and failure is not None and failure.code is FailureCode.LOCK_TIMEOUT:
         status = StoreStatus.TIMEOUT  # the reference's status for a wait that ran out
+    if failure is not None and failure.code is FailureCode.PAYLOAD_INVALID:
+        failure = reference_failure(failure)
     if failure is not None and failure.stage is ResolutionStage.PRODUCTION and failure.code is FailureCode.UNSUPPORTED:
         # a coordination scope this store does not run: the reference calls the producer unsupported
         failure = HostWeightFailure(
             failure.stage, FailureCode.PRODUCER_UNSUPPORTED, False, failure.message, failure.details
         )
     return StoreResult(status, result.lease, failure)
+
+
+def reference_failure(found: HostWeightFailure) -> HostWeightFailure:
+    """A payload file that is not what the manifest describes is the reference's MANIFEST_CORRUPT.
+
+    The reference has no payload code: a symlinked, truncated or malformed payload file is a corrupt
+    artifact there (digest mismatches stay CHECKSUM_MISMATCH in both), so its name is given here.
+    """
+    if found.code is not FailureCode.PAYLOAD_INVALID:
+        return found
+    return HostWeightFailure(found.stage, FailureCode.MANIFEST_INVALID, found.retryable, found.message, found.details)
 
 
 def _attempt_result(attempt: native.ResolutionAttempt) -> AttemptResult:
@@ -202,6 +216,7 @@ def _attempts(report: native.ResolutionReport) -> tuple[ResolutionAttempt, ...]:
         following = steps[index + 1] if index + 1 < len(steps) else None
         result = _attempt_result(attempt)
         failure = None if result in (AttemptResult.HIT, AttemptResult.MISS, AttemptResult.SUCCESS) else attempt.failure
+        failure = None if failure is None else reference_failure(failure)
         made.append(
             ResolutionAttempt(attempt.stage, result, _attempt_action(attempt, following), attempt.elapsed_s, failure)
         )
@@ -216,8 +231,29 @@ def resolution_of(resolution: native.HostWeightResolution) -> HostWeightResoluti
     return HostWeightResolution(resolution_report_of(resolution.report), resolution.lease)
 
 
+# What the store answered, for each publication status this runtime reports after it.
+_STORE_OUTCOME = {"published": "built", "already_present": "hit", "joined": "joined"}
+
+
 def _publication_failure(found: HostWeightFailure | None) -> HostWeightFailure | None:
-    """A store that broke its contract during publication is the reference's PRODUCER_FAILED (PRODUCTION)."""
+    """The reference's words for two publication failures.
+
+    A store that broke its contract is its PRODUCER_FAILED (PRODUCTION); a publication whose lease could
+    not be closed is its PUBLICATION_FAILED (LIFECYCLE), with the exception's type and the store's outcome.
+    """
+    if found is not None and found.code is FailureCode.LEASE_CLOSE_FAILED:
+        value = found.details.to_value()
+        details = value if isinstance(value, dict) else {}
+        exception_type = str(details.get("exception_type", "")).rsplit(".", 1)[-1]
+        store_outcome = _STORE_OUTCOME.get(str(details.get("publication_status")), "unknown")
+        translated = {"exception_type": exception_type, "store_outcome": store_outcome}
+        return HostWeightFailure(
+            ResolutionStage.LIFECYCLE,
+            FailureCode.PUBLICATION_FAILED,
+            False,
+            found.message,
+            CanonicalJson.from_value(translated),
+        )
     if found is None or found.code is not FailureCode.UNEXPECTED_STATUS:
         return found
     return HostWeightFailure(

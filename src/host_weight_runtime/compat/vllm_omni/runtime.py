@@ -6,17 +6,20 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from ... import outcomes as native_outcomes
 from ...config import RuntimeMode
-from ...failures import HostWeightError, HostWeightFailure
+from ...failures import HostWeightError, HostWeightFailure, ResolutionStage
 from ...filesystem.store import FilesystemHostWeightStore as NativeFilesystemStore
 from ...identity import WeightArtifactIdentity
+from ...lease import HostWeightLease
+from ...outcomes import StoreResult as NativeStoreResult
 from ...protocols import BuildRequest, LookupPhase, WeightProducer
 from ...protocols import HostWeightStore as NativeStore
 from ...runtime import HostWeightRuntime as NativeRuntime
 from ...tensors import ValidationLevel as NativeValidationLevel
+from ._providers import remote_providers
 from .config import HostWeightRuntimeConfig, ValidationLevel, native_config
 from .filesystem.store import FilesystemHostWeightStore, native_store_result
 from .outcomes import (
@@ -25,6 +28,7 @@ from .outcomes import (
     PostLoadPublicationReport,
     ResolutionOutcome,
     ResolutionReport,
+    StoreResult,
     publication_report_of,
     resolution_of,
     resolution_report_of,
@@ -66,7 +70,12 @@ class HostWeightRuntime:
         self._initialization_failure = _initialization_failure
         self._observer = observer
         self._publication_observer = publication_observer
-        self._native = NativeRuntime(native_config(config), store_factory=self._native_store, observers=(self._notify,))
+        self._native = NativeRuntime(
+            native_config(config),
+            store_factory=self._native_store,
+            observers=(self._notify,),
+            remote_providers=remote_providers(config),
+        )
 
     @classmethod
     def from_config(
@@ -181,4 +190,32 @@ class _ReferenceStore:
         built = self._store.get_or_build(  # type: ignore[attr-defined]
             request, producer, validation=ValidationLevel(validation.value), deadline=deadline
         )
-        return native_store_result(built, request.identity)
+        lease: object = getattr(built, "lease", None)
+        post_load = producer.spec.lookup_phase is LookupPhase.POST_LOAD_ONLY
+        if (
+            post_load
+            and isinstance(built, StoreResult)
+            and lease is not None
+            and not isinstance(lease, HostWeightLease)
+        ):
+            # a post-load publication only closes the lease: it is never handed to a caller
+            closed_only = cast(HostWeightLease, _ClosedOnly(request.identity, lease))
+            return NativeStoreResult(built.status, request.identity, closed_only)
+        return native_store_result(built, request.identity, stage=ResolutionStage.PRODUCTION)
+
+
+class _ClosedOnly:
+    """A reference store's own lease object in a post-load publication, which only ever closes it.
+
+    The reference accepts any lease with `close()` there; the runtime never hands this one to a
+    caller (resolve still refuses anything but a `HostWeightLease`), so closing it is all it needs.
+    """
+
+    publication_id = ""
+
+    def __init__(self, identity: WeightArtifactIdentity, lease: object) -> None:
+        self.identity = identity
+        self._lease = lease
+
+    def close(self) -> None:
+        self._lease.close()  # type: ignore[attr-defined]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ....canonical_json import CanonicalJson, JsonValue
 from ....config import EvictionPolicy, StorageClass
 from ....failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, failure
 from ....filesystem import DomainLayout
 from ....filesystem.domain import classify_filesystem, read_mount_table
 from ....filesystem.store import FilesystemHostWeightStore as NativeStore
 from ....identity import WeightArtifactIdentity
+from ....lease import HostWeightLease
 from ....outcomes import CleanupStatus, StoreStatus
 from ....outcomes import StoreResult as NativeStoreResult
 from ....protocols import BuildRequest, WeightProducer
@@ -22,6 +24,7 @@ from ..config import (
     native_validation,
 )
 from ..inspection import ArtifactInspection, DomainInspection, inventory_entry_of
+from ..manifest import WeightManifest
 from ..outcomes import StoreResult, store_result_of
 
 __all__ = [
@@ -50,12 +53,31 @@ _DEFAULT_WAIT = WaitPolicy()
 
 
 def _domain_failure(found: HostWeightFailure, root: Path) -> HostWeightFailure:
-    """The reference reports a domain whose init lock stays held as DOMAIN_UNAVAILABLE (retryable), naming the lock."""
+    """The reference's words for two domain failures.
+
+    A root on a filesystem that is not node-local is its DOMAIN_POLICY_MISMATCH; a domain whose init lock
+    stays held is its DOMAIN_UNAVAILABLE (retryable), naming the lock.
+    """
+    if found.code is FailureCode.UNSUPPORTED_FILESYSTEM:
+        return HostWeightFailure(found.stage, FailureCode.DOMAIN_POLICY_CONFLICT, False, found.message, found.details)
     if found.stage is not ResolutionStage.DOMAIN or found.code is not FailureCode.LOCK_TIMEOUT:
         return found
     lock = DomainLayout(root).domain_init_lock
     message = f"timed out waiting for {lock}: {found.message}"
     return HostWeightFailure(ResolutionStage.DOMAIN, FailureCode.DOMAIN_UNAVAILABLE, True, message, found.details)
+
+
+def _require_node_local(root: Path) -> None:
+    """Refuse a root whose filesystem is not node-local before anything is created.
+
+    Asked through this module's `detect_filesystem_type`, as the reference's store does, so code that
+    substitutes it (to simulate NFS, say) sees the same refusal; the store checks the mount table again.
+    """
+    fs_type = detect_filesystem_type(root)
+    if classify_filesystem(fs_type) is None:
+        message = f"the domain root {root} is on {fs_type}, which is not node-local: a domain needs tmpfs or local disk"
+        code = FailureCode.DOMAIN_POLICY_CONFLICT
+        raise HostWeightError(failure(ResolutionStage.DOMAIN, code, message, root=str(root), fs_type=fs_type))
 
 
 def _fs_verity_unsupported() -> StoreResult:
@@ -88,6 +110,7 @@ class FilesystemHostWeightStore:
         self.capacity_policy = capacity
         self.integrity_policy = integrity
         self.root = domain.root.expanduser().resolve()
+        _require_node_local(self.root)
         try:
             self.native = NativeStore(
                 self.root,
@@ -117,6 +140,11 @@ class FilesystemHostWeightStore:
     ) -> StoreResult:
         if ValidationLevel(validation) is ValidationLevel.FS_VERITY:
             return _fs_verity_unsupported()
+        # First through this object's own `lookup`, as the reference's store does, so what a subclass or a
+        # caller puts in its place is asked too; a hit ends here, anything else goes to the native build.
+        found = self.lookup(request.identity, validation=validation, deadline=deadline)
+        if found.status is StoreStatus.HIT:
+            return found
         level = native_validation(ValidationLevel(validation))
         return store_result_of(self.native.get_or_build(request, producer, validation=level, deadline=deadline))
 
@@ -157,7 +185,8 @@ class FilesystemHostWeightStore:
         result = self.lookup(identity, validation=validation)
         manifest = fingerprint = None
         if result.lease is not None:
-            manifest, fingerprint = result.lease.manifest, result.lease.provenance.backing_fingerprint
+            manifest = WeightManifest.from_native(result.lease.manifest)
+            fingerprint = result.lease.provenance.backing_fingerprint
             result.lease.close()
         return ArtifactInspection(
             artifact_key=identity.key,
@@ -172,7 +201,9 @@ class FilesystemHostWeightStore:
         )
 
 
-def native_store_result(result: object, identity: WeightArtifactIdentity) -> NativeStoreResult:
+def native_store_result(
+    result: object, identity: WeightArtifactIdentity, *, stage: ResolutionStage = ResolutionStage.LOOKUP
+) -> NativeStoreResult:
     """This runtime's result for a store written to the reference's protocol (either result shape)."""
     if isinstance(result, NativeStoreResult):
         return result
@@ -181,4 +212,23 @@ def native_store_result(result: object, identity: WeightArtifactIdentity) -> Nat
     status = result.status
     if status is StoreStatus.TIMEOUT and result.failure is None:  # pragma: no cover - StoreResult refuses it
         raise ValueError("a TIMEOUT store result needs a failure")
+    lease: object = result.lease
+    if lease is not None and not isinstance(lease, HostWeightLease):
+        return _foreign_lease(status, identity, lease, stage)
     return NativeStoreResult(status, identity, result.lease, result.failure)
+
+
+def _foreign_lease(
+    status: StoreStatus, identity: WeightArtifactIdentity, lease: object, stage: ResolutionStage
+) -> NativeStoreResult:
+    """A store's lease that is not this runtime's is closed and refused (UNEXPECTED_STATUS): never handed out."""
+    details: dict[str, JsonValue] = {"status": status.value, "lease_type": type(lease).__name__}
+    close = getattr(lease, "close", None)
+    try:
+        if callable(close):
+            close()
+    except Exception as exc:  # the refusal stands; the close failure is reported with it
+        details["lease_close_exception_type"] = type(exc).__name__
+    message = f"the store returned a {type(lease).__name__} as its lease, not a HostWeightLease; it was closed"
+    found = HostWeightFailure(stage, FailureCode.UNEXPECTED_STATUS, False, message, CanonicalJson.from_value(details))
+    return NativeStoreResult(StoreStatus.FAILED, identity, None, found)
