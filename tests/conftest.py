@@ -45,6 +45,7 @@ LONGEST_FILES_FIRST = (
     "test_diffusion_tp_pss.py",  # ~35 s
     "test_cli_remote_targets.py",  # ~30 s
     "test_bench_store_peer.py",  # ~30 s: ten fresh processes, this runtime's store and vLLM-Omni's
+    "test_first_worker.py",  # ~40 s: held publications, killed publishers and arriving workers in child processes
     "test_warm_pipeline.py",  # ~30 s (estimated: a prewarm, then a fresh worker's two warm loads and a canonical one)
     "test_cli_remote.py",  # ~25 s
     "test_adoption_arguments.py",  # ~25 s

@@ -53,7 +53,7 @@ def test_every_canonical_component_is_a_warning_and_hits_are_quiet(
     tmp_path: Path, flux: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """X04: a first load_pipeline logs one WARNING per component loaded canonically, naming it and why (no artifact
-    yet, published for the next worker; pickle-only weights); the next load logs only the one it still cannot serve,
+    yet, built behind it for the next worker; pickle-only weights); the next load logs only the one it still cannot serve,
     and its transformers hits print no "Loading weights" progress bar. `safety_checker=None`, which FluxPipeline
     does not have, is ignored with a WARNING naming it (as diffusers does), not refused as a load argument."""
     folder = copy_pipeline(flux, tmp_path / "flux")
@@ -65,7 +65,7 @@ def test_every_canonical_component_is_a_warning_and_hits_are_quiet(
     assert len(first) == 4, first
     for name in SERVED:
         [line] = [line for line in first if f"subfolder {name} " in line]
-        assert "canonical_fallback" in line and "no artifact" in line and "published for the next worker" in line
+        assert "canonical_fallback" in line and "no artifact" in line and "for the next worker" in line
     [vae] = [line for line in first if "component vae " in line]
     assert "pickle" in vae and str(folder) in vae
     caplog.clear()

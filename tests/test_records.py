@@ -156,7 +156,7 @@ def test_decode_refuses_coerced_or_malformed_fields(key: str, bad: object) -> No
 
 def test_decode_requires_exactly_the_table_keys() -> None:
     """C05: an unknown key and a missing key are each refused, naming the record."""
-    with pytest.raises(ValueError, match=r"sample has unknown field\(s\) \['extra'\]"):
+    with pytest.raises(ValueError, match=r"sample has unexpected field\(s\) \['extra'\]"):
         Sample.SPEC.decode({**SAMPLE_DICT, "extra": 1})
     missing = dict(SAMPLE_DICT)
     del missing["tags"]

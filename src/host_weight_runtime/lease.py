@@ -10,7 +10,6 @@ that views it is gone, so closing can never leave a dangling tensor.
 from __future__ import annotations
 
 import enum
-import hashlib
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from ._faults import fault_point
-from .canonical_json import JsonValue, encode_canonical
+from .canonical_json import JsonValue, canonical_sha256
 from .failures import FailureCode, HostWeightFailure, ResolutionStage, raise_failure
 from .identity import WeightArtifactIdentity
 from .manifest import WeightManifest
@@ -77,10 +76,13 @@ class LeaseProvenance:
 
 def backing_fingerprint(domain_id: str, publication_id: str, regions: tuple[MappedHostRegion, ...]) -> str:
     """The `LeaseProvenance.backing_fingerprint` of a lease mapping `regions` of one publication."""
-    digest = hashlib.sha256(encode_canonical({"domain_id": domain_id, "publication_id": publication_id}))
-    for region in regions:
-        digest.update(encode_canonical([region.file, region.device, region.inode, region.length]))
-    return digest.hexdigest()
+    return canonical_sha256(
+        {
+            "domain_id": domain_id,
+            "publication_id": publication_id,
+            "regions": [[region.file, region.device, region.inode, region.length] for region in regions],
+        }
+    )
 
 
 @dataclass(frozen=True, slots=True)

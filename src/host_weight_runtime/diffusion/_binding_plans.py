@@ -16,7 +16,6 @@ believed only when it binds exactly the skeleton's tensors to keys the checkpoin
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -25,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..canonical_json import JsonValue, encode_canonical
+from ..canonical_json import JsonValue, canonical_sha256
 
 __all__ = [
     "BINDING_PLANS",
@@ -83,7 +82,7 @@ def node_binding_key(model: torch.nn.Module, checkpoint_keys: Sequence[str], tie
         "ties": [[alias, owner] for alias, owner in sorted(ties.items())],
         "registered": list(_registered_mappings()),
     }
-    return hashlib.sha256(encode_canonical(document)).hexdigest()
+    return canonical_sha256(document)
 
 
 def bindings_record(keys: Mapping[str, str], aliases: Mapping[str, str]) -> JsonValue:

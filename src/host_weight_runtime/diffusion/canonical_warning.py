@@ -51,6 +51,10 @@ def canonical_reason(loaded: LoadedComponent) -> str:
         return f"{report.failure.stage.value} failed: {report.failure.message}" + _publication(loaded)
     skipped = [attempt.detail for attempt in report.attempts if attempt.result is AttemptResult.SKIPPED]
     if skipped and skipped[0] and not loaded.identity_key:
+        if loaded.background_publication is not None:
+            return "this node has never hashed these checkpoint files, so it holds no artifact for them yet" + (
+                _publication(loaded)
+            )
         return skipped[0]
     return "this node holds no artifact for it yet (a first load)" + _publication(loaded)
 

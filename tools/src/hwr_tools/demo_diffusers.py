@@ -9,7 +9,7 @@ each in a fresh process (`python -m hwr_tools.demo_diffusers --child ...`):
     canonical  DiffusionPipeline.from_pretrained(pipe, dtype=torch.bfloat16): what a
                diffusers user does today; its image with a fixed seed is the parity reference
     cold       load_pipeline(pipe, runtime=...) in PREFERRED mode on the empty domain: every
-               weighted component CANONICAL_FALLBACK, then published after load
+               weighted component CANONICAL_FALLBACK at canonical speed, published behind it
     warm-1..N  the same call in N more processes: LOCAL_HIT for every weighted component,
                restored zero-copy; all N hold their pipelines while memory is read
 
@@ -300,6 +300,19 @@ def _image(pipeline: Any, seed: int) -> torch.Tensor:
     return output
 
 
+def _publication_of(component: LoadedComponent) -> tuple[str, float] | None:
+    """How this component's artifact was published, and in how many ms: before the load returned, or behind it
+    (the default for a first worker: waited for here, after the time to ready was taken)."""
+    behind = component.background_publication
+    if behind is not None:
+        behind.wait()
+        status = "failed" if behind.failure is not None else PostLoadPublicationStatus.PUBLISHED.value
+        return status, (behind.elapsed_s or 0.0) * 1000.0
+    if component.publication is not None:
+        return component.publication.status.value, component.publication.elapsed_s * 1000.0
+    return None
+
+
 def _overall(values: Sequence[str]) -> str:
     """One word for all components: their common value, or "mixed"."""
     distinct = set(values)
@@ -333,7 +346,7 @@ def child_main(path: str, pipeline_folder: Path, root: Path, reference: Path, re
         if path == CANONICAL:
             torch.save(_image(pipeline, reference_seed).clone(), reference)
         parity, max_abs_diff = _compare(_image(pipeline, INPUT_SEED), reference)
-        publications = [component.publication for component in served.values()]
+        publications = [_publication_of(component) for component in served.values()]
         row = FluxDemoRow(
             path=path,
             pid=os.getpid(),
@@ -341,10 +354,10 @@ def child_main(path: str, pipeline_folder: Path, root: Path, reference: Path, re
             load_path="canonical" if loaded is None else _overall([c.load_path.value for c in served.values()]),
             publication=None
             if loaded is None or any(p is None for p in publications)
-            else _overall([p.status.value for p in publications if p is not None]),
+            else _overall([p[0] for p in publications if p is not None]),
             publication_ms=None
             if loaded is None or any(p is None for p in publications)
-            else sum(p.elapsed_s * 1000.0 for p in publications if p is not None),
+            else sum(p[1] for p in publications if p is not None),
             time_to_ready_ms=ready_ms,
             rss_bytes=rss,
             pss_bytes=pss,
@@ -501,7 +514,9 @@ def summary_line(report: FluxDemoReport) -> str:
             f"{canonical.time_to_ready_ms:.0f} ms ({speed})"
         )
     if cold is not None and cold.publication_ms is not None:
-        parts.append(f"the cold load published the artifact in {cold.publication_ms:.0f} ms (within its time to ready)")
+        parts.append(
+            f"the cold load published the artifacts behind it in {cold.publication_ms:.0f} ms (after its time to ready)"
+        )
     if warm:
         size = report.artifact_bytes
         shared = sum(row.artifact_pss_bytes for row in warm)
