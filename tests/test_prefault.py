@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import select
+import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -120,17 +123,16 @@ def test_prefault_can_be_turned_off(shm_root: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_closing_a_lease_stops_its_prefault_thread(shm_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """close() ends the background work before it releases the lease; no thread outlives it."""
+    """close() ends the background work before it releases the lease: the thread has taken its last step."""
     monkeypatch.delenv(ENV_PREFAULT, raising=False)
     lease = _lease(shm_root)
     prefault = lease._background
     assert isinstance(prefault, BackgroundPrefault)
     assert lease.mapped_regions  # a transport asking for the regions starts it too
-    thread = prefault._thread
-    assert thread is not None
+    assert prefault.started
     lease.close()
-    assert not thread.is_alive()
-    assert prefault.wait(timeout=0)
+    assert prefault.wait(timeout=0)  # set by the thread after its last madvise, so close() waited for it
+    assert prefault._keepalive is None
 
 
 def test_a_lease_nobody_reads_maps_no_page_and_starts_no_thread(
@@ -151,3 +153,29 @@ def test_a_lease_nobody_reads_maps_no_page_and_starts_no_thread(
     assert prefault.wait(timeout=0)
     prefault.start()  # a stopped prefault never starts
     assert not prefault.started
+
+
+def test_a_forked_child_stops_a_prefault_its_parent_started_without_waiting() -> None:
+    """A child forked while the thread ran has no such thread: its stop() returns instead of waiting forever."""
+    prefault = BackgroundPrefault([], ())
+    prefault.start()
+    assert prefault.wait(timeout=60)
+    prefault._done.clear()  # as the child of a fork taken while the parent's thread was still running sees it
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: says so once stop() returned
+        try:
+            prefault.stop()
+            os.write(write_end, b"x")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        ready, _, _ = select.select([read_end], [], [], 60)  # a hang detector, not a timing threshold
+        returned = bool(ready) and os.read(read_end, 1) == b"x"
+    finally:
+        os.close(read_end)
+        if not returned:
+            os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    assert returned, "stop() in the forked child waited for a thread that does not exist there"

@@ -6,12 +6,14 @@ kernel instead, and on a thread of its own it overlaps the restore that follows 
 lookup. Read faults on a private mapping map the shared page-cache pages: nothing is
 copied. The thread starts when the lease's tensors or regions are first asked for, so a
 lease that is only held (a prewarm, a background publication, a push) maps nothing it
-never reads. Best effort: an older kernel or any error just stops it (recorded in
-`error`), and `HWR_PREFAULT=0` turns it off.
+never reads. The thread is started without waiting until it is scheduled (a `threading.Thread`
+blocks its starter that long, which a warm load paid once per component). Best effort: an
+older kernel or any error just stops it (recorded in `error`), and `HWR_PREFAULT=0` turns it off.
 """
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import errno
 import logging
@@ -51,7 +53,7 @@ class BackgroundPrefault:
     """Populates the page tables of some mapped regions on a daemon thread once `start()` is called; `stop()`
     ends it early (or keeps it from ever starting)."""
 
-    __slots__ = ("_done", "_guard", "_keepalive", "_regions", "_stop", "_thread", "error", "populated_bytes")
+    __slots__ = ("_done", "_guard", "_ident", "_keepalive", "_pid", "_regions", "_stop", "error", "populated_bytes")
 
     def __init__(self, regions: Sequence[tuple[int, int]], keepalive: tuple[object, ...]) -> None:
         self._regions = tuple(regions)
@@ -59,22 +61,24 @@ class BackgroundPrefault:
         self._stop = threading.Event()
         self._done = threading.Event()
         self._guard = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._ident: int | None = None  # the thread's id once started
+        self._pid = 0  # the process that started it: a forked child has no such thread to wait for
         self.error: str | None = None
         self.populated_bytes = 0
 
     @property
     def started(self) -> bool:
         """Whether the thread was started (a stopped prefault that never started never will)."""
-        return self._thread is not None
+        return self._ident is not None
 
     def start(self) -> None:
         """Start the thread; later calls, and calls after `stop()`, do nothing."""
         with self._guard:
-            if self._thread is not None or self._stop.is_set():
+            if self._ident is not None or self._stop.is_set():
                 return
-            self._thread = threading.Thread(target=self._run, name="hwr-prefault", daemon=True)
-            self._thread.start()
+            # A daemon thread the interpreter never joins, as `daemon=True` was; `stop()` waits on `_done`.
+            self._pid = os.getpid()
+            self._ident = _thread.start_new_thread(self._run, ())
 
     def _run(self) -> None:
         try:
@@ -103,13 +107,13 @@ class BackgroundPrefault:
         """Ask the thread to stop after its current step and wait for it (or keep it from starting)."""
         with self._guard:
             self._stop.set()
-            thread = self._thread
-            if thread is None:
+            ident = self._ident
+            if ident is None:
                 self._keepalive = None
                 self._done.set()
                 return
-        if thread is not threading.current_thread():
-            thread.join()
+        if ident != threading.get_ident() and self._pid == os.getpid():
+            self._done.wait()  # set as the thread's last step: no madvise follows, the mappings are released
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every region is populated (or the thread stopped); True when it finished."""
