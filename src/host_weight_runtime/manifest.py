@@ -229,9 +229,11 @@ class WeightManifest:
     format_metadata: CanonicalJson = field(default_factory=CanonicalJson.empty)
     schema_version: int = MANIFEST_SCHEMA_VERSION
     _by_name: dict[str, TensorManifestEntry] = field(init=False, repr=False, compare=False, hash=False)
+    _encoded: bytes | None = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", {entry.name: entry for entry in self.tensors})
+        object.__setattr__(self, "_encoded", None)
         if type(self.schema_version) is not int or self.schema_version != MANIFEST_SCHEMA_VERSION:
             raise ValueError(f"manifest schema_version {self.schema_version!r} is not supported")
         if not isinstance(self.identity, WeightArtifactIdentity):
@@ -276,7 +278,13 @@ class WeightManifest:
         return self.SPEC.encode(self)
 
     def to_bytes(self) -> bytes:
-        return encode_canonical(self.to_dict())
+        """The canonical bytes, encoded once per manifest: a build seals them and an import then checks their
+        SHA-256 against the descriptor, and the value is frozen, so the second encoding is the first's bytes."""
+        encoded = self._encoded
+        if encoded is None:
+            encoded = encode_canonical(self.to_dict())
+            object.__setattr__(self, "_encoded", encoded)
+        return encoded
 
     @classmethod
     def from_dict(cls, value: object) -> WeightManifest:
