@@ -18,7 +18,14 @@ from typing import ClassVar
 
 from ._records import EnumValue, Field, Integer, IntPair, Ints, Json, Nested, Records, RecordSpec, Text, Texts
 from ._strict import get_list, require_json_field, require_object, require_record
-from .canonical_json import CanonicalJson, JsonValue, decode_json, encode_canonical, is_canonical
+from .canonical_json import (
+    CanonicalJson,
+    JsonValue,
+    decode_json,
+    encode_canonical,
+    encode_canonical_trusted,
+    is_canonical,
+)
 from .identity import WeightArtifactIdentity
 from .tensors import TensorKind, contiguous_strides, itemsize_of_code, numel_of
 
@@ -279,10 +286,12 @@ class WeightManifest:
 
     def to_bytes(self) -> bytes:
         """The canonical bytes, encoded once per manifest: a build seals them and an import then checks their
-        SHA-256 against the descriptor, and the value is frozen, so the second encoding is the first's bytes."""
+        SHA-256 against the descriptor, and the value is frozen, so the second encoding is the first's bytes.
+        Every field was type-checked when the manifest was made (its identity's by its SPEC, its free-form
+        metadata by CanonicalJson), so the bytes skip `encode_canonical`'s walk of the value."""
         encoded = self._encoded
         if encoded is None:
-            encoded = encode_canonical(self.to_dict())
+            encoded = encode_canonical_trusted(self.to_dict())
             object.__setattr__(self, "_encoded", encoded)
         return encoded
 
