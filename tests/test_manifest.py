@@ -188,6 +188,19 @@ def test_manifest_round_trips_exactly() -> None:
         again.tensor("missing")
 
 
+def test_manifest_bytes_are_encoded_once_and_follow_every_new_value() -> None:
+    """C06: a manifest's bytes are encoded once and the same object comes back (a build seals them, an import
+    hashes them again); a manifest made from it with another value encodes its own value, never the first's."""
+    manifest = small_manifest()
+    data = manifest.to_bytes()
+    assert manifest.to_bytes() is data
+    assert data == encode_canonical(manifest.to_dict())
+    changed = dataclasses.replace(manifest, content_digest="f" * 64)
+    assert changed.to_bytes() != data
+    assert changed.to_bytes() == encode_canonical(changed.to_dict())
+    assert json.loads(changed.to_bytes())["content_digest"] == "f" * 64
+
+
 def test_ready_marker_round_trips_exactly() -> None:
     """C06: the READY marker survives to_bytes/from_bytes unchanged."""
     marker = dataclasses.replace(small_marker(), published_at_ns=0)

@@ -151,3 +151,38 @@ def test_kernel_copy_between_filesystems_copies_every_range_and_stops_retrying_a
         os.close(source_fd)
         os.close(target_fd)
         target.unlink()
+
+
+def test_sendfile_ranges_with_a_known_position_land_at_their_offsets_and_a_wrong_one_is_corrected(
+    tmp_path: Path,
+) -> None:
+    """E12: a caller that passes the target's file position (as the staged writer does between ranges) gets
+    every range at its own offset through `sendfile`, in order and out of order; a stale position (the file
+    moved since) is never trusted into writing elsewhere: the range still lands at `target_offset`."""
+    from host_weight_runtime.filesystem._kernel_copy import kernel_copy
+
+    data = os.urandom(4 * 4096 + 7)
+    source = tmp_path / "source.bin"
+    source.write_bytes(data)
+    target = tmp_path / "target.bin"
+    source_fd = os.open(source, os.O_RDONLY)
+    target_fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(target_fd, len(data))
+        position: int | None = None
+        for start in range(0, len(data), 4096):
+            count = min(4096, len(data) - start)
+            done, use_range = kernel_copy(
+                source_fd, start, target_fd, start, count, use_range=False, target_position=position
+            )
+            assert (done, use_range) == (count, False)
+            assert os.lseek(target_fd, 0, os.SEEK_CUR) == start + count  # what the caller keeps as the position
+            position = start + done
+        assert os.pread(target_fd, len(data), 0) == data
+        os.pwrite(target_fd, bytes(len(data)), 0)
+        done, _ = kernel_copy(source_fd, 8192, target_fd, 8192, 4096, use_range=False, target_position=0)
+        assert done == 4096
+        assert os.pread(target_fd, len(data), 0) == bytes(8192) + data[8192:12288] + bytes(len(data) - 12288)
+    finally:
+        os.close(source_fd)
+        os.close(target_fd)

@@ -18,7 +18,14 @@ from typing import ClassVar
 
 from ._records import EnumValue, Field, Integer, IntPair, Ints, Json, Nested, Records, RecordSpec, Text, Texts
 from ._strict import get_list, require_json_field, require_object, require_record
-from .canonical_json import CanonicalJson, JsonValue, decode_json, encode_canonical, is_canonical
+from .canonical_json import (
+    CanonicalJson,
+    JsonValue,
+    decode_json,
+    encode_canonical,
+    encode_canonical_trusted,
+    is_canonical,
+)
 from .identity import WeightArtifactIdentity
 from .tensors import TensorKind, contiguous_strides, itemsize_of_code, numel_of
 
@@ -229,9 +236,11 @@ class WeightManifest:
     format_metadata: CanonicalJson = field(default_factory=CanonicalJson.empty)
     schema_version: int = MANIFEST_SCHEMA_VERSION
     _by_name: dict[str, TensorManifestEntry] = field(init=False, repr=False, compare=False, hash=False)
+    _encoded: bytes | None = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", {entry.name: entry for entry in self.tensors})
+        object.__setattr__(self, "_encoded", None)
         if type(self.schema_version) is not int or self.schema_version != MANIFEST_SCHEMA_VERSION:
             raise ValueError(f"manifest schema_version {self.schema_version!r} is not supported")
         if not isinstance(self.identity, WeightArtifactIdentity):
@@ -276,7 +285,15 @@ class WeightManifest:
         return self.SPEC.encode(self)
 
     def to_bytes(self) -> bytes:
-        return encode_canonical(self.to_dict())
+        """The canonical bytes, encoded once per manifest: a build seals them and an import then checks their
+        SHA-256 against the descriptor, and the value is frozen, so the second encoding is the first's bytes.
+        Every field was type-checked when the manifest was made (its identity's by its SPEC, its free-form
+        metadata by CanonicalJson), so the bytes skip `encode_canonical`'s walk of the value."""
+        encoded = self._encoded
+        if encoded is None:
+            encoded = encode_canonical_trusted(self.to_dict())
+            object.__setattr__(self, "_encoded", encoded)
+        return encoded
 
     @classmethod
     def from_dict(cls, value: object) -> WeightManifest:

@@ -23,7 +23,14 @@ _NO_COPY_FILE_RANGE = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.
 
 
 def kernel_copy(
-    source_fd: int, source_offset: int, target_fd: int, target_offset: int, nbytes: int, *, use_range: bool = True
+    source_fd: int,
+    source_offset: int,
+    target_fd: int,
+    target_offset: int,
+    nbytes: int,
+    *,
+    use_range: bool = True,
+    target_position: int | None = None,
 ) -> tuple[int, bool]:
     """Copy `nbytes` at `source_offset` to `target_offset` in the kernel; fewer only when the source ends early.
 
@@ -33,6 +40,10 @@ def kernel_copy(
     that copies many ranges between the same two files passes that back as `use_range`, so a refused pair
     costs one refused call per file, not one per range (each a system call and a hand-back of the GIL on
     the copying thread).
+    `target_position` is the target's file position when the caller knows it (None: unknown): `sendfile` writes
+    there, so the seek before it is skipped when it is already `target_offset` (one system call, and one wait for
+    the GIL behind the hashing threads, fewer per range). After a return with `use_range` False every byte went
+    through `sendfile`, and the position is `target_offset` plus the bytes copied.
     """
     done = 0
     while done < nbytes:
@@ -48,11 +59,15 @@ def kernel_copy(
                     raise
                 use_range = False
         if not use_range:
-            os.lseek(target_fd, target_offset + done, os.SEEK_SET)
+            if target_position != target_offset + done:
+                os.lseek(target_fd, target_offset + done, os.SEEK_SET)
+            target_position = None  # unknown if sendfile raises
             count = os.sendfile(target_fd, source_fd, source_offset + done, nbytes - done)
         if count == 0:
             break  # end of the source: the caller sees a short copy
         done += count
+        if not use_range:
+            target_position = target_offset + done  # sendfile advanced it past what it wrote
         fault_point("writer.after_pwrite")
     return done, use_range
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..canonical_json import JsonValue, encode_canonical
+from ..canonical_json import JsonValue, encode_canonical_trusted
 from ..protocols import TensorWriteSpec
 from ..tensors import dtype_code, dtype_itemsize
 from ._write_failures import producer_failed
@@ -108,7 +108,7 @@ def plan_layout(specs: tuple[TensorWriteSpec, ...]) -> FileLayout:
             "data_offsets": [position, position + nbytes],
         }
         position += nbytes
-    text = encode_canonical(header_value)
+    text = encode_canonical_trusted(header_value)  # names, codes and ints of validated TensorWriteSpecs
     padding = -(8 + len(text)) % HEADER_ALIGNMENT
     body = text + b" " * padding
     header = len(body).to_bytes(8, "little") + body

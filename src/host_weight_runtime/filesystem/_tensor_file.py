@@ -143,6 +143,7 @@ class StagingTensorFileWriter:
         "_caller_hashes",
         "_cast",
         "_closed",
+        "_copy_position",
         "_copy_range",
         "_coverage",
         "_fd",
@@ -178,6 +179,7 @@ class StagingTensorFileWriter:
         self._next_byte = 0  # ordered files: the data offset the next write must start at
         self._cast: CastBuffers | None = None  # made by the first copy_rows
         self._copy_range = True  # copy_data: False once the kernel refused copy_file_range from this file's source
+        self._copy_position: int | None = None  # copy_data: this fd's file position when sendfile last left it
         self._coverage: dict[str, RowCoverage] = {
             placement.spec.name: RowCoverage(placement) for placement in layout.placements
         }
@@ -393,9 +395,12 @@ class StagingTensorFileWriter:
 
     def _copy_data(self, source_fd: int, source_offset: int, nbytes: int) -> StoredRange:
         def transfer(offset: int) -> int:
+            position, self._copy_position = self._copy_position, None
             done, self._copy_range = kernel_copy(
-                source_fd, source_offset, self._fd, offset, nbytes, use_range=self._copy_range
+                source_fd, source_offset, self._fd, offset, nbytes, use_range=self._copy_range, target_position=position
             )
+            if not self._copy_range:
+                self._copy_position = offset + done
             return done
 
         copied, offset = self._store_data(nbytes, transfer)
