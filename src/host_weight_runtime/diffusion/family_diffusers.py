@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from ..failures import FailureCode, HostWeightError, ResolutionStage, raise_failure, usage_error
+from ..failures import FailureCode, usage_error
 from ._load_options import LoadOptions
 from .dtype_policies import ModelFamilyName
 from .model_contracts import is_diffusers_model
-from .model_family import ImportClock, default_dtype
+from .model_family import ImportClock, canonical_load_errors, default_dtype
 from .source_identity import NodeSourceDigestCache, PreparedWeightSource
 
 __all__ = ["BROKEN_CONFIG_ERRORS", "DIFFUSERS_FAMILY", "DiffusersFamily", "build_skeleton"]
@@ -124,7 +124,7 @@ class DiffusersFamily:
         What diffusers raises about the folder (a checkpoint that does not match config.json, an unreadable
         file) leaves typed: a HostWeightUsageError, or CANONICAL_SOURCE_FAILED for an OS error.
         """
-        try:
+        with canonical_load_errors("diffusers", source.resolved_root, BROKEN_CONFIG_ERRORS):
             model = model_class.from_pretrained(
                 str(source.resolved_root),
                 torch_dtype=options.dtype,
@@ -132,22 +132,6 @@ class DiffusersFamily:
                 variant=options.variant,
                 disable_mmap=options.disable_mmap,
             )
-        except HostWeightError:
-            raise
-        except OSError as exc:
-            raise raise_failure(
-                ResolutionStage.CANONICAL,
-                FailureCode.CANONICAL_SOURCE_FAILED,
-                f"diffusers could not read the checkpoint in {source.resolved_root}: {exc}; check the files "
-                "(re-download a damaged one) and that they are readable",
-                exception=type(exc).__name__,
-            ) from exc
-        except BROKEN_CONFIG_ERRORS as exc:
-            raise usage_error(
-                f"diffusers could not load {source.resolved_root} ({type(exc).__name__}: {exc}); the checkpoint does "
-                "not match its config.json: fix or re-download the model folder",
-                code=FailureCode.CANONICAL_SOURCE_FAILED,
-            ) from exc
         model.register_to_config(_name_or_path=name_or_path)
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"{model_class.__name__}.from_pretrained returned {type(model).__name__}")

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..canonical_json import CanonicalJson, JsonValue, decode_json
-from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, raise_failure, usage_error
+from ..failures import FailureCode, HostWeightError, HostWeightFailure, ResolutionStage, usage_error
 from ..lease import HostWeightLease
 from ._binding_plans import (
     BINDING_PLANS,
@@ -37,7 +37,7 @@ from ._load_options import LoadOptions
 from .dtype_policies import TRANSFORMERS_RESTORER_SCHEMA, ModelFamilyName
 from .identity_adapter import FinalLayoutIdentityContext
 from .model_contracts import is_transformers_model
-from .model_family import ImportClock
+from .model_family import ImportClock, canonical_load_errors
 from .producers._checkpoint import read_safetensors_header
 from .restorer import FinalLayoutTensorRestorer, restore_error
 from .source_identity import NodeSourceDigestCache, PreparedWeightSource
@@ -197,7 +197,7 @@ class TransformersFamily:
         extra: dict[str, Any] = {"variant": options.variant} if options.variant is not None else {}
         if options.disable_mmap:
             extra["disable_mmap"] = True
-        try:
+        with canonical_load_errors("transformers", source.resolved_root, _BROKEN_CONFIG_ERRORS):
             model = model_class.from_pretrained(
                 str(source.resolved_root),
                 dtype=options.dtype,
@@ -205,22 +205,6 @@ class TransformersFamily:
                 local_files_only=True,
                 **extra,
             )
-        except HostWeightError:
-            raise
-        except OSError as exc:
-            raise raise_failure(
-                ResolutionStage.CANONICAL,
-                FailureCode.CANONICAL_SOURCE_FAILED,
-                f"transformers could not read the checkpoint in {source.resolved_root}: {exc}; check the files "
-                "(re-download a damaged one) and that they are readable",
-                exception=type(exc).__name__,
-            ) from exc
-        except _BROKEN_CONFIG_ERRORS as exc:
-            raise usage_error(
-                f"transformers could not load {source.resolved_root} ({type(exc).__name__}: {exc}); the checkpoint "
-                "does not match its config.json: fix or re-download the model folder",
-                code=FailureCode.CANONICAL_SOURCE_FAILED,
-            ) from exc
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"{model_class.__name__}.from_pretrained returned {type(model).__name__}")
         model.config.name_or_path = name_or_path  # type: ignore[union-attr]

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ..failures import FailureCode, HostWeightError, ResolutionStage, raise_failure, usage_error
 from ._load_options import LoadOptions
 from .dtype_policies import ModelFamilyName
 from .source_identity import NodeSourceDigestCache, PreparedWeightSource
@@ -110,3 +111,27 @@ class ModelFamily(Protocol):
     ) -> torch.nn.Module:
         """Exactly what a user of the library gets from its own load at `options.dtype`, from local files only."""
         ...
+
+
+@contextmanager
+def canonical_load_errors(library: str, root: Path, broken_config: tuple[type[BaseException], ...]) -> Iterator[None]:
+    """Around a library's `from_pretrained`: what it raises about the folder leaves typed (an OS error as
+    CANONICAL_SOURCE_FAILED, a checkpoint that does not match its config as a usage error)."""
+    try:
+        yield
+    except HostWeightError:
+        raise
+    except OSError as exc:
+        raise raise_failure(
+            ResolutionStage.CANONICAL,
+            FailureCode.CANONICAL_SOURCE_FAILED,
+            f"{library} could not read the checkpoint in {root}: {exc}; check the files "
+            "(re-download a damaged one) and that they are readable",
+            exception=type(exc).__name__,
+        ) from exc
+    except broken_config as exc:
+        raise usage_error(
+            f"{library} could not load {root} ({type(exc).__name__}: {exc}); the checkpoint does "
+            "not match its config.json: fix or re-download the model folder",
+            code=FailureCode.CANONICAL_SOURCE_FAILED,
+        ) from exc
