@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host_weight_runtime.canonical_json import CanonicalJson, decode_json, encode_canonical
+from host_weight_runtime.canonical_json import CanonicalJson, decode_canonical_json, decode_json, encode_canonical
 
 # A fixed value that exercises sorting (including the empty key and upper case before
 # lower case), nesting, empty containers, non-ASCII text of 2, 3 and 4 UTF-8 bytes,
@@ -387,3 +387,23 @@ def test_decode_json_rejects_constants_and_duplicates() -> None:
     for data in (b"[NaN]", b'{"x": Infinity}', b'{"a": 1, "a": 1}'):
         with pytest.raises(ValueError):
             decode_json(data)
+
+
+@pytest.mark.parametrize(
+    "data", [b'{"a":1,"a":1}', b'{"a":1,"a":2}', b'{"a":{"b":1,"b":1}}'], ids=["equal", "different", "nested"]
+)
+def test_decode_canonical_json_names_a_duplicate_key(data: bytes) -> None:
+    """C02: the fast canonical parser has no duplicate hook; the canonical check refuses them, named as such."""
+    with pytest.raises(ValueError, match="duplicate JSON key"):
+        decode_canonical_json(data)
+
+
+@pytest.mark.parametrize(
+    "data", [b'{"b":1,"a":2}', b'{"a": 1}', b"[NaN]", b'{"a":1}\n', b"\xff", b"", b"[1.50]"], ids=str
+)
+def test_decode_canonical_json_refuses_what_is_not_canonical(data: bytes) -> None:
+    """C02: anything but the exact canonical spelling is a ValueError; canonical bytes decode as `decode_json`."""
+    with pytest.raises(ValueError):
+        decode_canonical_json(data)
+    for canonical in (b"{}", b'{"a":[1,2.5,null],"b":{"c":true}}', GOLDEN_BYTES):
+        assert decode_canonical_json(canonical) == decode_json(canonical)

@@ -534,3 +534,32 @@ def test_manifest_entries_reject_unsafe_names(name: str) -> None:
             tensor["file"] = name
     with pytest.raises(ValueError):
         WeightManifest.from_bytes(_reencode(data))
+
+
+# --- C06: the reader's identity hint ----------------------------------------------------------
+
+
+def test_manifest_takes_the_readers_identity_when_its_document_is_that_identity() -> None:
+    """C06: a reader that passes the identity it expects gets that very object back, equal to a plain parse."""
+    expected = small_identity()
+    data = small_manifest().to_bytes()
+    hinted = WeightManifest.from_bytes(data, identity=expected)
+    assert hinted.identity is expected
+    assert hinted == WeightManifest.from_bytes(data)
+    assert hinted.to_bytes() == data
+
+
+def test_manifest_decodes_its_own_identity_when_it_differs_from_the_hint() -> None:
+    """C06: another identity than the hint is decoded from the bytes as ever (the reader then sees the mismatch)."""
+    other = dataclasses.replace(small_identity(), layout=RuntimeWeightLayout(name="other"))
+    manifest = WeightManifest.from_bytes(small_manifest().to_bytes(), identity=other)
+    assert manifest.identity is not other
+    assert manifest.identity == small_identity()
+
+
+def test_manifest_hint_never_admits_an_identity_that_only_compares_equal() -> None:
+    """C06: `true` where the identity holds 1 equals the hint in Python but not in bytes: still refused."""
+    data = _manifest_dict()
+    data["identity"]["layout"]["tensor_parallel_size"] = True
+    with pytest.raises(ValueError):
+        WeightManifest.from_bytes(_reencode(data), identity=small_identity())

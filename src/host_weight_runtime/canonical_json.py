@@ -127,6 +127,31 @@ def is_canonical(data: bytes, value: JsonValue) -> bool:
     return _encode_decoded(value) == data
 
 
+def decode_canonical_json(data: bytes, *, max_bytes: int = MAX_JSON_BYTES) -> JsonValue:
+    """Parse bytes that must be canonical JSON, or raise ValueError (what `decode_json` then `is_canonical` decide).
+
+    The bytes must equal their value's canonical encoding, which a document with a duplicate key can
+    never do (the parsed value keeps one of them, and re-encodes shorter), so the parser runs without
+    its per-object duplicate hook; on refusal the strict parser says what exactly is wrong. Depth is
+    bounded by the parser's recursion guard only, as `decode_json(max_depth=None)`.
+    """
+    if not isinstance(data, (bytes, bytearray)):
+        raise ValueError(f"JSON input must be bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise ValueError(f"JSON input is {len(data)} bytes; the limit is {max_bytes}")
+    try:
+        value: JsonValue = json.loads(
+            bytes(data).decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float
+        )
+        canonical = _encode_decoded(value) == data
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError):
+        canonical = False
+    if not canonical:
+        decode_json(data, max_bytes=max_bytes, max_depth=None)  # raises, naming the fault, when there is one
+        raise ValueError("the bytes are not canonical JSON")
+    return value
+
+
 def _nesting_exceeds(value: JsonValue, limit: int) -> bool:
     """Whether a decoded value nests more than `limit` containers deep (iterative, one level at a time)."""
     level: list[JsonValue] = [value] if isinstance(value, (list, dict)) else []

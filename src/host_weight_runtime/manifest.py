@@ -21,10 +21,10 @@ from ._strict import get_list, require_json_field, require_object, require_recor
 from .canonical_json import (
     CanonicalJson,
     JsonValue,
+    decode_canonical_json,
     decode_json,
     encode_canonical,
     encode_canonical_trusted,
-    is_canonical,
 )
 from .identity import WeightArtifactIdentity
 from .tensors import TensorKind, contiguous_strides, itemsize_of_code, numel_of
@@ -156,7 +156,34 @@ class TensorManifestEntry:
 
     @classmethod
     def from_dict(cls, value: object) -> TensorManifestEntry:
+        # A manifest holds thousands of entries: the well-formed case is read in one pass (the constructor
+        # still checks every field); anything else goes through the spec, whose errors name the field.
+        if type(value) is dict and value.keys() == _TENSOR_ENTRY_KEYS:
+            shape, strides, offsets, kind = value["shape"], value["strides"], value["data_offsets"], value["kind"]
+            if (
+                type(shape) is list
+                and type(strides) is list
+                and type(offsets) is list
+                and type(kind) is str
+                and kind in _TENSOR_KINDS
+                and all(type(step) is int for step in strides)
+            ):
+                return cls(
+                    value["name"],  # each field's type is checked by __post_init__
+                    value["file"],
+                    value["dtype"],
+                    tuple(shape),
+                    tuple(strides),
+                    tuple(offsets),
+                    _TENSOR_KINDS[kind],
+                    value["role"],
+                    value["digest"],
+                )
         return cls(**cls.SPEC.decode(value))
+
+
+_TENSOR_ENTRY_KEYS = TensorManifestEntry.SPEC.keys
+_TENSOR_KINDS = {kind.value: kind for kind in TensorKind}
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +323,7 @@ class WeightManifest:
         return encoded
 
     @classmethod
-    def from_dict(cls, value: object) -> WeightManifest:
+    def from_dict(cls, value: object, *, identity: WeightArtifactIdentity | None = None) -> WeightManifest:
         spec = cls.SPEC
         obj = require_record(value, spec.keys, spec.where)
         files = get_list(obj, "files", spec.where)
@@ -306,7 +333,12 @@ class WeightManifest:
                 f"manifest lists {len(files)} files and {len(tensors)} tensors; the limits are "
                 f"{MAX_MANIFEST_FILES} and {MAX_MANIFEST_TENSORS}"
             )
-        values = spec.read(obj)
+        # Compared as canonical bytes, so a document that only equals in Python (1 == true) is decoded as ever.
+        if identity is not None and encode_canonical_trusted(obj["identity"]) == identity.canonical_bytes:  # type: ignore[arg-type]
+            values = _MANIFEST_BODY.read(obj)
+            values["identity"] = identity
+        else:
+            values = spec.read(obj)
         manifest = cls(**spec.arguments(values))
         if values["identity_key"] != manifest.identity_key:
             raise ValueError("manifest identity_key does not match its identity")
@@ -315,8 +347,12 @@ class WeightManifest:
         return manifest
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> WeightManifest:
-        """Parse manifest bytes, which must be canonical JSON."""
+    def from_bytes(cls, data: bytes, *, identity: WeightArtifactIdentity | None = None) -> WeightManifest:
+        """Parse manifest bytes, which must be canonical JSON.
+
+        `identity`: the identity the reader expects; when the manifest's is exactly its document, that
+        (validated, already keyed) object is used instead of decoding and hashing the same fields again.
+        """
         # Parsing allocates several objects per tensor and frees none; a cyclic GC pass over
         # them would only cost time on the warm path, so collection waits until the end.
         collecting = gc.isenabled()
@@ -324,13 +360,20 @@ class WeightManifest:
         try:
             # Every field's type is checked below and free-form fields go through CanonicalJson,
             # which bounds their depth, so the generic depth walk is skipped on this hot path.
-            value = decode_json(data, max_depth=None)
-            if not is_canonical(data, value):
-                raise ValueError("manifest bytes are not canonical JSON")
-            return cls.from_dict(value)
+            try:
+                value = decode_canonical_json(data)
+            except ValueError as exc:
+                raise ValueError(f"manifest bytes are not canonical JSON: {exc}") from None
+            return cls.from_dict(value, identity=identity)
         finally:
             if collecting:
                 gc.enable()
+
+
+_MANIFEST_BODY = RecordSpec(
+    "WeightManifest", "manifest", tuple(f for f in WeightManifest.SPEC.fields if f.name != "identity")
+)
+"""The manifest's fields but its identity: what is read when the identity is the reader's own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,8 +450,8 @@ class ParsedManifests:
         self.hits = 0
         self.parses = 0
 
-    def parse(self, data: bytes) -> tuple[str, WeightManifest]:
-        """(SHA-256 hex of `data`, its manifest); raises as `WeightManifest.from_bytes` does."""
+    def parse(self, data: bytes, *, identity: WeightArtifactIdentity | None = None) -> tuple[str, WeightManifest]:
+        """(SHA-256 hex of `data`, its manifest); raises as `WeightManifest.from_bytes` does (`identity`: its hint)."""
         digest = manifest_sha256(data)
         with self._guard:
             found = self._kept.get(digest)
@@ -416,7 +459,7 @@ class ParsedManifests:
                 self._kept.move_to_end(digest)
                 self.hits += 1
                 return digest, found
-        manifest = WeightManifest.from_bytes(data)
+        manifest = WeightManifest.from_bytes(data, identity=identity)
         with self._guard:
             self.parses += 1
             self._kept[digest] = manifest

@@ -260,7 +260,8 @@ def _parse_marker_and_manifest(
     if manifest_sha256(manifest_bytes) != marker.manifest_sha256:
         raise _invalid(FailureCode.MANIFEST_INVALID, "manifest.json does not match the digest in READY.json")
     try:
-        _digest, manifest = PARSED_MANIFESTS.parse(manifest_bytes)  # parsed once per process per exact bytes
+        # parsed once per process per exact bytes; our own identity object is kept when the manifest holds it
+        _digest, manifest = PARSED_MANIFESTS.parse(manifest_bytes, identity=identity)
     except _PARSE_ERRORS as exc:
         raise _invalid(FailureCode.MANIFEST_INVALID, f"manifest.json is invalid: {_reason(exc)}") from None
     if marker.identity_key != key or manifest.identity_key != key:
