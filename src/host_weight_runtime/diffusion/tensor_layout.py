@@ -26,7 +26,6 @@ __all__ = [
     "tensor_contract_digest",
 ]
 
-_ALLOWED_DEVICES = frozenset({"cpu", "meta"})
 
 FinalDtype = Callable[[str, str, torch.dtype], torch.dtype]
 """(dit name, local tensor name, current dtype) -> final dtype under the policy."""
@@ -165,7 +164,7 @@ def owned_tensors(
 def _byte_range(tensor: torch.Tensor) -> tuple[int, int, int]:
     """(address space, first byte, end) of a tensor's bytes; meta tensors have no addresses, only storages."""
     length = tensor.numel() * tensor.element_size()
-    if tensor.device.type == "meta":
+    if tensor.is_meta:
         storage = tensor.untyped_storage()
         space = int(getattr(storage, "_cdata", id(storage)))  # the storage's identity: views share it
         start = int(tensor.storage_offset()) * tensor.element_size()
@@ -233,19 +232,18 @@ def _final_layout_tensor(
     kind: TensorKind,
     final: FinalDtype,
 ) -> FinalLayoutTensor:
-    device = tensor.device.type
-    if device not in _ALLOWED_DEVICES:
+    if not (tensor.is_meta or tensor.is_cpu):  # the flags, not `device.type`: one call less per tensor
         raise ownership_error(
             f"{name} lives on {tensor.device}; final-layout tensors are host tensors, so discover ownership on a "
             "CPU or meta model before moving it to an accelerator",
             tensor=name,
             device=str(tensor.device),
         )
-    shape = tuple(int(size) for size in tensor.shape)
-    stride = tuple(int(step) for step in tensor.stride())
+    shape = tuple(tensor.shape)  # torch.Size holds ints
     if not tensor.is_contiguous():
         raise ownership_error(
-            f"{name} is not contiguous (stride {stride} for shape {shape}); make it contiguous before publishing",
+            f"{name} is not contiguous (stride {tensor.stride()} for shape {shape}); make it contiguous before "
+            "publishing",
             tensor=name,
         )
     return FinalLayoutTensor(
