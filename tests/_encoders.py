@@ -238,3 +238,51 @@ def _warm_reports(root: Path, folder: str, subfolder: str) -> list[dict[str, Any
                 }
             )
     return reports
+
+
+def stand_in_initializers() -> list[str]:
+    """The entries of transformers' initializer table that are not torch's own functions (none in a sound process)."""
+    import importlib
+
+    table = importlib.import_module("transformers.initialization").TORCH_INIT_FUNCTIONS
+    return sorted(name for name, function in table.items() if function.__module__ != "torch.nn.init")
+
+
+def load_after_transformers_imported_in_no_init_weights(root: str, folder: str, subfolder: str, conn: Connection) -> None:
+    """A fresh worker whose first transformers import happens inside diffusers' `no_init_weights()` (as a
+    diffusers class looked up lazily there imports it, through peft), so transformers records the window's
+    no-op initializers; a load inside that window (refused), then a cold and a warm BF16 load of `subfolder`,
+    each reported with every tensor."""
+    import sys
+
+    from diffusers.models.modeling_utils import no_init_weights
+
+    from host_weight_runtime.diffusion import load_component
+    from host_weight_runtime.failures import HostWeightUsageError
+
+    imported_before = "transformers.initialization" in sys.modules
+    with no_init_weights():
+        import transformers.modeling_utils  # noqa: F401  (the import is the point: it copies the no-ops)
+    recorded = stand_in_initializers()
+    refused = ""
+    with no_init_weights():  # torch's own functions swapped out too: nothing can repair the table, so refused
+        try:
+            load_component(folder, subfolder=subfolder, runtime=runtime_at(Path(root))).close()
+        except HostWeightUsageError as exc:
+            refused = str(exc)
+    reports: list[dict[str, Any]] = []
+    for _attempt in ("cold", "warm"):
+        with load_component(
+            folder, subfolder=subfolder, runtime=runtime_at(Path(root)), publish_in_background=False
+        ) as loaded:
+            reports.append({"outcome": loaded.outcome.value, "tensors": every_tensor(loaded.model)})
+    conn.send(
+        {
+            "imported_before": imported_before,
+            "refused": refused,
+            "recorded": recorded,
+            "reports": reports,
+            "after": stand_in_initializers(),
+            "from_pretrained": every_tensor(canonical(Path(folder), subfolder, torch.bfloat16)),
+        }
+    )

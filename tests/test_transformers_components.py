@@ -30,10 +30,12 @@ from ._encoders import (
     canonical,
     every_tensor,
     forward,
+    load_after_transformers_imported_in_no_init_weights,
     payload,
     runtime_at,
     save_encoder,
     save_encoder_pipeline,
+    stand_in_initializers,
     warm_load_every_encoder_in_child,
 )
 from .support import CHILD_TIMEOUT_S, recv_within, spawned_child
@@ -151,6 +153,32 @@ def test_warm_load_in_a_fresh_process_equals_from_pretrained(
             if any(other is tensor for o, other in reference.named_parameters(remove_duplicate=False) if o != name)
         )
         assert report["tied"] == expected_ties
+
+
+def test_a_worker_whose_transformers_recorded_no_op_initializers_still_gets_from_pretrained(
+    tmp_path: Path, pipeline: Path
+) -> None:
+    """P03/D13: transformers copies torch's initializers when first imported; a worker that first imported it
+    inside diffusers' `no_init_weights()` holds the no-ops, which would leave Gemma2's non-persistent
+    `embed_scale` as uninitialized memory. Its cold (canonical) and warm loads still equal a sound process's
+    `from_pretrained` in every tensor, and its own `from_pretrained` does too afterwards (the table is repaired);
+    a load inside `no_init_weights()` itself, where nothing can repair it, is a usage error, not wrong weights."""
+    with spawned_child(
+        load_after_transformers_imported_in_no_init_weights, str(tmp_path / "domain"), str(pipeline), "gemma2"
+    ) as conn:
+        child: Any = recv_within(conn, 2 * CHILD_TIMEOUT_S)
+    assert child["imported_before"] is False  # else the child could not set the state up
+    assert "constant_" in child["recorded"]  # what fills embed_scale
+    assert "[invalid_configuration]" in child["refused"] and "outside no_init_weights()" in child["refused"]
+    assert stand_in_initializers() == [], "this process's transformers recorded no-ops: the reference is unsound"
+    reference = every_tensor(canonical(pipeline, "gemma2", torch.bfloat16))
+    outcomes = [report["outcome"] for report in child["reports"]]
+    assert outcomes == [ResolutionOutcome.CANONICAL_FALLBACK.value, ResolutionOutcome.LOCAL_HIT.value]
+    for report in child["reports"]:
+        assert report["tensors"]["embed_tokens.embed_scale"] == reference["embed_tokens.embed_scale"]
+        assert report["tensors"] == reference
+    assert child["after"] == []
+    assert child["from_pretrained"] == reference
 
 
 # ----------------------------------------------------------------------------- ties and the FP32 plan

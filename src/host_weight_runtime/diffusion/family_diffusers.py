@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..failures import FailureCode, usage_error
+from ._initializers import repair_transformers_initializers
 from ._load_options import LoadOptions
 from .dtype_policies import ModelFamilyName
 from .model_contracts import is_diffusers_model
@@ -45,6 +46,7 @@ def build_skeleton(
             f"{resolved_root / 'config.json'} does not describe a buildable {model_class.__name__} "
             f"({type(exc).__name__}: {exc}); fix or re-download the model folder"
         ) from exc
+    repair_transformers_initializers(required=False)  # in case the build first imported transformers in its window
     model.eval()
     model.register_to_config(_name_or_path=name_or_path)
     if not isinstance(model, torch.nn.Module):
@@ -132,6 +134,7 @@ class DiffusersFamily:
                 variant=options.variant,
                 disable_mmap=options.disable_mmap,
             )
+        repair_transformers_initializers(required=False)  # diffusers builds it inside no_init_weights, too
         model.register_to_config(_name_or_path=name_or_path)
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"{model_class.__name__}.from_pretrained returned {type(model).__name__}")

@@ -33,6 +33,7 @@ from ._binding_plans import (
     bindings_record,
     node_binding_key,
 )
+from ._initializers import repair_transformers_initializers
 from ._load_options import LoadOptions
 from .dtype_policies import TRANSFORMERS_RESTORER_SCHEMA, ModelFamilyName
 from .identity_adapter import FinalLayoutIdentityContext
@@ -118,6 +119,7 @@ class TransformersFamily:
 
     def import_up_front(self, clock: ImportClock) -> None:
         clock.import_modules(_UP_FRONT_MODULES)
+        repair_transformers_initializers(required=False)  # an earlier import may have recorded no-ops; loads insist
 
     def model_class(self, config: Mapping[str, Any], config_path: Path, clock: ImportClock | None) -> type[Any]:
         """The class `model_index.json` (or else `architectures`) names, looked up in transformers only.
@@ -197,6 +199,7 @@ class TransformersFamily:
         extra: dict[str, Any] = {"variant": options.variant} if options.variant is not None else {}
         if options.disable_mmap:
             extra["disable_mmap"] = True
+        repair_transformers_initializers()  # its non-persistent buffers are initialized through that table
         with canonical_load_errors("transformers", source.resolved_root, _BROKEN_CONFIG_ERRORS):
             model = model_class.from_pretrained(
                 str(source.resolved_root),
@@ -434,6 +437,7 @@ def restore_from_lease(
     context.ensure_sources_unchanged()
     leased = lease.tensors
     state = {tensor.local_name: leased[tensor.name] for tensor in context.tensors}
+    repair_transformers_initializers()  # the finalization initializes the non-persistent buffers through it
     try:
         _finish_from_state(model, state, dtype)
     except (OSError, *_BROKEN_CONFIG_ERRORS) as exc:

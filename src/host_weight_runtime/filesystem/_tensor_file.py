@@ -5,7 +5,7 @@ Rows arrive by `pwrite` (`write_tensor`, `write_rows`), or are converted by the 
 (`copy_rows`: one pass, each chunk converted into a slot of a reused ring, written from it on the lane's
 write thread and its leaves hashed from it on that thread or the converting one, never read back from the
 file), or are copied by the kernel from another file (`copy_data`, for a caller that hashes the stored
-pages itself).
+pages itself). The record a close produces (coverage check, manifest entries) is `_written_file`.
 """
 
 from __future__ import annotations
@@ -15,16 +15,13 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from .._digest import DigestAlgorithm
 from .._faults import fault_point
-from ..manifest import FileManifestEntry, TensorManifestEntry
 from ..protocols import TensorWriteSpec
-from ..tensors import contiguous_strides
 from ._cast_buffers import CastBuffers
 from ._coverage import RowCoverage, claims_of, rows_of_write
 from ._kernel_copy import StoredRange, kernel_copy
@@ -32,11 +29,12 @@ from ._payload_hashing import PayloadHasher
 from ._pwrite import pwrite_all, pwritev_all
 from ._safetensors_layout import FileLayout, tensor_bytes
 from ._write_failures import os_failed, producer_failed
+from ._written_file import WrittenFile, check_caller_digests, check_complete, written_file
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["StagingTensorFileWriter", "TensorFileOwner", "WrittenFile", "create_tensor_file"]
+__all__ = ["StagingTensorFileWriter", "TensorFileOwner", "create_tensor_file"]
 
 _T = TypeVar("_T")
 
@@ -65,27 +63,6 @@ class TensorFileOwner(Protocol):
 
 _FILE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 _FILE_MODE = 0o600
-
-
-@dataclass(frozen=True, slots=True)
-class WrittenFile:
-    """One closed, complete, fsynced payload file and the digests the manifest records."""
-
-    name: str
-    size: int
-    header_size: int
-    digest: str
-    tensors: tuple[TensorManifestEntry, ...]
-
-    def manifest_entry(self) -> FileManifestEntry:
-        """The manifest's view of this file (tensor names in offset order)."""
-        return FileManifestEntry(
-            name=self.name,
-            size=self.size,
-            header_size=self.header_size,
-            digest=self.digest,
-            tensors=tuple(entry.name for entry in self.tensors),
-        )
 
 
 def create_tensor_file(
@@ -520,7 +497,7 @@ class StagingTensorFileWriter:
                 return
             self._closed = True
             try:
-                self._check_complete()
+                check_complete(self._name, self._layout, self._coverage)
                 self._wait_lane()
                 try:
                     fault_point("writer.fsync")
@@ -542,56 +519,13 @@ class StagingTensorFileWriter:
         except OSError as exc:  # a piece failed to hash
             raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
 
-    def _check_complete(self) -> None:
-        for placement in self._layout.placements:
-            coverage = self._coverage[placement.spec.name]
-            missing = coverage.first_missing()
-            if missing is not None or coverage.pending:
-                begin, end = missing if missing is not None else coverage.pending[0]
-                raise producer_failed(
-                    f"{self._name}: tensor {placement.spec.name} rows {begin}..{end} were never written; "
-                    "every byte of every declared tensor must be written before close()",
-                    file=self._name,
-                    tensor=placement.spec.name,
-                    start_row=begin,
-                    stop_row=end,
-                )
-
     def _written_file(self, caller_digests: tuple[str, ...] | None = None) -> WrittenFile:
         """The manifest's record of this complete file, with the digests of what was written."""
         if caller_digests is None:
             digests = self._hasher.tensor_digests(ordered=self._ordered)
-        elif len(caller_digests) != len(self._layout.placements) or not all(
-            type(digest) is str and digest for digest in caller_digests
-        ):
-            raise producer_failed(
-                f"{self._name}: close_hashed needs one digest per tensor ({len(self._layout.placements)}), got "
-                f"{len(caller_digests)}",
-                file=self._name,
-            )
         else:
-            digests = list(caller_digests)
-        entries = tuple(
-            TensorManifestEntry(
-                name=placement.spec.name,
-                file=self._name,
-                dtype=placement.code,
-                shape=placement.spec.shape,
-                strides=contiguous_strides(placement.spec.shape),
-                data_offsets=(placement.begin, placement.end),
-                kind=placement.spec.kind,
-                role=placement.spec.role,
-                digest=digest,
-            )
-            for placement, digest in zip(self._layout.placements, digests, strict=True)
-        )
-        return WrittenFile(
-            name=self._name,
-            size=self._layout.size,
-            header_size=len(self._layout.header),
-            digest=self._hasher.file_digest(digests),
-            tensors=entries,
-        )
+            digests = check_caller_digests(self._name, self._layout, caller_digests)
+        return written_file(self._name, self._layout, digests, self._hasher.file_digest(digests))
 
     def _release_fd(self) -> None:
         if self._fd >= 0:

@@ -11,6 +11,7 @@ and abort). The parts it is built from, one idea each:
 
 - `_safetensors_layout`: header bytes, tensor offsets and the on-disk format drawing;
 - `_tensor_file`: one payload file (preallocation, writes at fixed offsets, close);
+- `_written_file`: a closed file's record (the completeness check, its manifest entries, `WrittenFile`);
 - `_coverage`: the row bookkeeping that proves every byte was written exactly once;
 - `_payload_hashing`: the one place payload bytes are hashed;
 - `_write_failures`: how misuse and OS errors are typed.
@@ -32,8 +33,9 @@ from ..failures import HostWeightError, HostWeightFailure
 from ..manifest import validate_file_name
 from ..protocols import TensorWriteSpec
 from ._safetensors_layout import HEADER_ALIGNMENT, FileLayout, check_specs, plan_layout
-from ._tensor_file import StagingTensorFileWriter, WrittenFile, create_tensor_file
+from ._tensor_file import StagingTensorFileWriter, create_tensor_file
 from ._write_failures import os_failed, producer_failed
+from ._written_file import WrittenFile
 
 __all__ = [
     "HEADER_ALIGNMENT",

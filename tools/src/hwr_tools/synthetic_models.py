@@ -232,9 +232,11 @@ def build_model(kind: str, *, seed: int = 0, config_overrides: Mapping[str, Any]
     spec = _spec(kind)
     config = _merged_config(spec, config_overrides)
     # no_init_weights skips torch.nn.init: every saved tensor is overwritten below anyway,
-    # and diffusers' default init dominates the build time of large models.
+    # and diffusers' default init dominates the build time of large models. The class is looked
+    # up first: its lazy import can be transformers' first, which would keep the window's no-ops.
+    model_class = spec.model_class()
     with no_init_weights():
-        model = spec.model_class().from_config(config)
+        model = model_class.from_config(config)
     if not isinstance(model, ModelMixin):
         raise TypeError(f"{spec.class_name}.from_config returned {type(model).__name__}")
     # No model.to(float32): it would also cast non-persistent buffers, which from_pretrained leaves as built.

@@ -110,8 +110,9 @@ def _seeded(model: torch.nn.Module, seed: int, dtype: torch.dtype = torch.float3
 
 
 def _diffusers_model(class_name: str, seed: int, **config: Any) -> Any:
+    model_class = getattr(diffusers, class_name)  # outside the window: its lazy import may be transformers' first
     with no_init_weights():
-        model = getattr(diffusers, class_name).from_config(config)
+        model = model_class.from_config(config)
     return _seeded(model, seed)
 
 

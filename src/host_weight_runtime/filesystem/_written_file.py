@@ -1,0 +1,88 @@
+"""A payload file's record at close: proof that every declared row was written, and what the manifest records.
+
+The staging file writer (`_tensor_file`) does the writing; this is the part of its close that only reads
+its bookkeeping: the completeness check over its row coverage, the check of digests a caller hashed
+itself, and the `WrittenFile` (per-tensor manifest entries and the file digest) built from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..manifest import FileManifestEntry, TensorManifestEntry
+from ..tensors import contiguous_strides
+from ._coverage import RowCoverage
+from ._safetensors_layout import FileLayout
+from ._write_failures import producer_failed
+
+__all__ = ["WrittenFile", "check_caller_digests", "check_complete", "written_file"]
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenFile:
+    """One closed, complete, fsynced payload file and the digests the manifest records."""
+
+    name: str
+    size: int
+    header_size: int
+    digest: str
+    tensors: tuple[TensorManifestEntry, ...]
+
+    def manifest_entry(self) -> FileManifestEntry:
+        """The manifest's view of this file (tensor names in offset order)."""
+        return FileManifestEntry(
+            name=self.name,
+            size=self.size,
+            header_size=self.header_size,
+            digest=self.digest,
+            tensors=tuple(entry.name for entry in self.tensors),
+        )
+
+
+def check_complete(name: str, layout: FileLayout, coverage: Mapping[str, RowCoverage]) -> None:
+    """Every row of every declared tensor of file `name` written and none still in flight, or a producer failure."""
+    for placement in layout.placements:
+        rows = coverage[placement.spec.name]
+        missing = rows.first_missing()
+        if missing is not None or rows.pending:
+            begin, end = missing if missing is not None else rows.pending[0]
+            raise producer_failed(
+                f"{name}: tensor {placement.spec.name} rows {begin}..{end} were never written; "
+                "every byte of every declared tensor must be written before close()",
+                file=name,
+                tensor=placement.spec.name,
+                start_row=begin,
+                stop_row=end,
+            )
+
+
+def check_caller_digests(name: str, layout: FileLayout, caller_digests: Sequence[str]) -> list[str]:
+    """The digests `close_hashed` was given: one non-empty string per tensor, in layout order."""
+    if len(caller_digests) != len(layout.placements) or not all(
+        type(digest) is str and digest for digest in caller_digests
+    ):
+        raise producer_failed(
+            f"{name}: close_hashed needs one digest per tensor ({len(layout.placements)}), got {len(caller_digests)}",
+            file=name,
+        )
+    return list(caller_digests)
+
+
+def written_file(name: str, layout: FileLayout, digests: Sequence[str], file_digest: str) -> WrittenFile:
+    """The manifest's record of complete file `name`: each tensor's entry with its digest, and the file's."""
+    entries = tuple(
+        TensorManifestEntry(
+            name=placement.spec.name,
+            file=name,
+            dtype=placement.code,
+            shape=placement.spec.shape,
+            strides=contiguous_strides(placement.spec.shape),
+            data_offsets=(placement.begin, placement.end),
+            kind=placement.spec.kind,
+            role=placement.spec.role,
+            digest=digest,
+        )
+        for placement, digest in zip(layout.placements, digests, strict=True)
+    )
+    return WrittenFile(name=name, size=layout.size, header_size=len(layout.header), digest=file_digest, tensors=entries)
