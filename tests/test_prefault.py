@@ -20,7 +20,12 @@ from host_weight_runtime import (
     MappedHostRegion,
     ValidationLevel,
 )
-from host_weight_runtime.filesystem._prefault import ENV_PREFAULT, BackgroundPrefault, prefault_enabled
+from host_weight_runtime.filesystem._prefault import (
+    ENV_PREFAULT,
+    BackgroundPrefault,
+    prefault_enabled,
+    prefault_threads,
+)
 
 from .support import SyntheticProducer, make_identity
 
@@ -179,3 +184,48 @@ def test_a_forked_child_stops_a_prefault_its_parent_started_without_waiting() ->
             os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
     assert returned, "stop() in the forked child waited for a thread that does not exist there"
+
+
+def test_a_large_lease_is_populated_by_one_thread_per_spare_core() -> None:
+    """X01: a multi-GiB lease is filled by one thread per core beside the loader (at most 8, one per 256 MiB);
+    a 2-core machine keeps one thread, and a small lease never takes more than its size calls for."""
+    gib = 1 << 30
+    assert prefault_threads(6 * gib, cores=16) == 8
+    assert prefault_threads(6 * gib, cores=2) == 1
+    assert prefault_threads(6 * gib, cores=1) == 1
+    assert prefault_threads(300 << 20, cores=16) == 2
+    assert prefault_threads(0, cores=16) == 1
+    assert prefault_threads(64 * gib, cores=64) == 8
+
+
+def test_several_threads_populate_every_page_by_read_faults_without_copying(shm_root: Path) -> None:
+    """X01: the steps of a region shared by four threads leave every payload page mapped, none a private copy,
+    and the count of populated bytes equals the regions' (each step taken exactly once)."""
+    lease = _lease(shm_root)
+    try:
+        regions = [(region.address, region.length) for region in lease.mapped_regions]
+        prefault = BackgroundPrefault(regions, (lease,), threads=4)
+        assert prefault.threads == 4
+        prefault.start()
+        assert prefault.wait(timeout=60)  # a hang detector, not a timing threshold
+        assert prefault.error is None
+        page = os.sysconf("SC_PAGE_SIZE")
+        expected = sum(length + address % page for address, length in regions)
+        assert prefault.populated_bytes == expected
+        total = sum(length for _address, length in regions)
+        rss, anonymous = _mapping_memory(lease)
+        assert rss >= total - 4 * KIB * len(regions)
+        assert anonymous == 0
+        prefault.stop()  # after the threads ended: returns at once, and again
+        prefault.stop()
+    finally:
+        lease.close()
+
+
+def test_stopping_several_threads_before_they_start_keeps_them_from_starting() -> None:
+    """X01: stop() before start() ends a multi-thread prefault that never runs; start() then does nothing."""
+    prefault = BackgroundPrefault([(0, 64 << 20)], (), threads=3)
+    prefault.stop()
+    prefault.start()
+    assert not prefault.started
+    assert prefault.wait(timeout=0)

@@ -1,14 +1,17 @@
-"""Page tables for a lease, filled on a background thread while the caller restores its model.
+"""Page tables for a lease, filled on background threads while the caller restores its model.
 
 A warm start pays one page fault per few pages of every weight the first time it is
 read. `madvise(MADV_POPULATE_READ)` (Linux 5.14+) read-faults a whole range in the
-kernel instead, and on a thread of its own it overlaps the restore that follows the
+kernel instead, and on threads of its own it overlaps the restore that follows the
 lookup. Read faults on a private mapping map the shared page-cache pages: nothing is
-copied. The thread starts when the lease's tensors or regions are first asked for, so a
-lease that is only held (a prewarm, a background publication, a push) maps nothing it
-never reads. The thread is started without waiting until it is scheduled (a `threading.Thread`
-blocks its starter that long, which a warm load paid once per component). Best effort: an
-older kernel or any error just stops it (recorded in `error`), and `HWR_PREFAULT=0` turns it off.
+copied. One core fills about 25 GB/s of mappings, so a multi-GiB lease would still be
+filling when its model is ready: a large lease is split in 32 MiB steps over one thread
+per core beside the loading one (`prefault_threads`, at most 8; one on a 2-core machine).
+The threads start when the lease's tensors or regions are first asked for, so a lease that
+is only held (a prewarm, a background publication, a push) maps nothing it never reads.
+They are started without waiting until they are scheduled (a `threading.Thread` blocks its
+starter that long, which a warm load paid once per component). Best effort: an older kernel
+or any error just stops them (recorded in `error`), and `HWR_PREFAULT=0` turns it off.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from typing import Any
 
 from ..config import ENV_PREFAULT, environment_config
 
-__all__ = ["ENV_PREFAULT", "BackgroundPrefault", "prefault_enabled"]
+__all__ = ["ENV_PREFAULT", "BackgroundPrefault", "prefault_enabled", "prefault_threads"]
 
 _MADV_POPULATE_READ = 22
-_STEP_BYTES = 32 << 20  # between steps the thread checks whether the lease was closed
+_STEP_BYTES = 32 << 20  # between steps a thread checks whether the lease was closed
+_BYTES_PER_THREAD = 256 << 20
+_MAX_THREADS = 8
 
 _log = logging.getLogger(__name__)
 
@@ -49,36 +54,85 @@ def _madvise() -> Any:
     return function
 
 
+def prefault_threads(total_bytes: int, cores: int | None = None) -> int:
+    """How many threads populate a lease: one per core beside the loading thread, at most `_MAX_THREADS`, and
+    none beyond one per `_BYTES_PER_THREAD` (the kernel fills one range at memory speed on one core)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    wanted = -(-max(total_bytes, 1) // _BYTES_PER_THREAD)
+    return max(1, min(_MAX_THREADS, cores - 1, wanted))
+
+
 class BackgroundPrefault:
-    """Populates the page tables of some mapped regions on a daemon thread once `start()` is called; `stop()`
-    ends it early (or keeps it from ever starting)."""
+    """Populates the page tables of some mapped regions on daemon threads once `start()` is called; `stop()`
+    ends them early (or keeps them from ever starting)."""
 
-    __slots__ = ("_done", "_guard", "_ident", "_keepalive", "_pid", "_regions", "_stop", "error", "populated_bytes")
+    __slots__ = (
+        "_done",
+        "_guard",
+        "_idents",
+        "_keepalive",
+        "_next_step",
+        "_pid",
+        "_running",
+        "_steps",
+        "_stop",
+        "_threads",
+        "error",
+        "populated_bytes",
+    )
 
-    def __init__(self, regions: Sequence[tuple[int, int]], keepalive: tuple[object, ...]) -> None:
-        self._regions = tuple(regions)
-        self._keepalive: tuple[object, ...] | None = keepalive  # the mappings stay mapped while the thread runs
+    def __init__(
+        self, regions: Sequence[tuple[int, int]], keepalive: tuple[object, ...], *, threads: int | None = None
+    ) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        steps: list[tuple[int, int]] = []
+        for address, length in regions:
+            start = address - address % page
+            end = address + length
+            while start < end:
+                steps.append((start, min(_STEP_BYTES, end - start)))
+                start += _STEP_BYTES
+        self._steps = tuple(steps)
+        self._threads = threads if threads is not None else prefault_threads(sum(size for _start, size in steps))
+        self._keepalive: tuple[object, ...] | None = keepalive  # the mappings stay mapped while a thread runs
         self._stop = threading.Event()
         self._done = threading.Event()
         self._guard = threading.Lock()
-        self._ident: int | None = None  # the thread's id once started
-        self._pid = 0  # the process that started it: a forked child has no such thread to wait for
+        self._idents: frozenset[int] | None = None  # the threads' ids once started
+        self._next_step = 0  # the next step a thread takes (under `_guard`)
+        self._running = 0  # threads not finished yet (under `_guard`)
+        self._pid = 0  # the process that started them: a forked child has no such thread to wait for
         self.error: str | None = None
         self.populated_bytes = 0
 
     @property
     def started(self) -> bool:
-        """Whether the thread was started (a stopped prefault that never started never will)."""
-        return self._ident is not None
+        """Whether the threads were started (a stopped prefault that never started never will)."""
+        return self._idents is not None
+
+    @property
+    def threads(self) -> int:
+        """How many threads `start()` runs."""
+        return self._threads
 
     def start(self) -> None:
-        """Start the thread; later calls, and calls after `stop()`, do nothing."""
+        """Start the threads; later calls, and calls after `stop()`, do nothing."""
         with self._guard:
-            if self._ident is not None or self._stop.is_set():
+            if self._idents is not None or self._stop.is_set():
                 return
-            # A daemon thread the interpreter never joins, as `daemon=True` was; `stop()` waits on `_done`.
+            # Daemon threads the interpreter never joins, as `daemon=True` was; `stop()` waits on `_done`.
             self._pid = os.getpid()
-            self._ident = _thread.start_new_thread(self._run, ())
+            self._running = self._threads
+            self._idents = frozenset(_thread.start_new_thread(self._run, ()) for _ in range(self._threads))
+
+    def _take_step(self) -> tuple[int, int] | None:
+        with self._guard:
+            if self._next_step >= len(self._steps) or self._stop.is_set() or self.error is not None:
+                return None
+            step = self._steps[self._next_step]
+            self._next_step += 1
+            return step
 
     def _run(self) -> None:
         try:
@@ -86,34 +140,38 @@ class BackgroundPrefault:
             if madvise is None:
                 self.error = "madvise is not available"
                 return
-            page = os.sysconf("SC_PAGE_SIZE")
-            for address, length in self._regions:
-                start = address - address % page
-                end = address + length
-                while start < end and not self._stop.is_set():
-                    step = min(_STEP_BYTES, end - start)
-                    if madvise(start, step, _MADV_POPULATE_READ) != 0:
-                        code = ctypes.get_errno()
-                        self.error = f"madvise(MADV_POPULATE_READ) failed: {errno.errorcode.get(code, code)}"
-                        _log.debug("prefault stopped: %s", self.error)
-                        return
-                    self.populated_bytes += step
-                    start += step
+            step = self._take_step()
+            while step is not None:
+                start, length = step
+                if madvise(start, length, _MADV_POPULATE_READ) != 0:
+                    code = ctypes.get_errno()
+                    failed = f"madvise(MADV_POPULATE_READ) failed: {errno.errorcode.get(code, code)}"
+                    with self._guard:
+                        self.error = self.error or failed
+                    _log.debug("prefault stopped: %s", self.error)
+                    return
+                with self._guard:
+                    self.populated_bytes += length
+                step = self._take_step()
         finally:
-            self._keepalive = None
-            self._done.set()
+            with self._guard:
+                self._running -= 1
+                last = self._running == 0
+            if last:
+                self._keepalive = None
+                self._done.set()
 
     def stop(self) -> None:
-        """Ask the thread to stop after its current step and wait for it (or keep it from starting)."""
+        """Ask the threads to stop after their current step and wait for them (or keep them from starting)."""
         with self._guard:
             self._stop.set()
-            ident = self._ident
-            if ident is None:
+            idents = self._idents
+            if idents is None:
                 self._keepalive = None
                 self._done.set()
                 return
-        if ident != threading.get_ident() and self._pid == os.getpid():
-            self._done.wait()  # set as the thread's last step: no madvise follows, the mappings are released
+        if threading.get_ident() not in idents and self._pid == os.getpid():
+            self._done.wait()  # set by the last thread as its last step: no madvise follows, the mappings are released
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every region is populated (or the thread stopped); True when it finished."""
