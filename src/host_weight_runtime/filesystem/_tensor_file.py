@@ -4,8 +4,8 @@ A file is accepted at close only when every byte of every declared tensor was wr
 Rows arrive by `pwrite` (`write_tensor`, `write_rows`), or are converted by the writer itself
 (`copy_rows`: one pass, each chunk converted into a slot of a reused ring, written from it on the lane's
 write thread and its leaves hashed from it on that thread or the converting one, never read back from the
-file), or are copied by the kernel from another file (`copy_data`, for a caller that hashes the stored
-pages itself).
+file), or are read piece by piece from another file through the caller's buffers (`read_data`, for a caller
+that hashes each piece from the buffer it was written from).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from ..protocols import TensorWriteSpec
 from ..tensors import contiguous_strides
 from ._cast_buffers import CastBuffers
 from ._coverage import RowCoverage, claims_of, rows_of_write
-from ._kernel_copy import StoredRange, kernel_copy
 from ._payload_hashing import PayloadHasher
 from ._pwrite import pwrite_all, pwritev_all
 from ._safetensors_layout import FileLayout, tensor_bytes
@@ -36,7 +35,7 @@ from ._write_failures import os_failed, producer_failed
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["StagingTensorFileWriter", "TensorFileOwner", "WrittenFile", "create_tensor_file"]
+__all__ = ["DataPieces", "StagingTensorFileWriter", "TensorFileOwner", "WrittenFile", "create_tensor_file"]
 
 _T = TypeVar("_T")
 
@@ -61,6 +60,14 @@ class TensorFileOwner(Protocol):
     def _guarded(self, action: Callable[[], _T]) -> _T: ...
 
     def _check_open(self) -> None: ...
+
+
+class DataPieces(Protocol):
+    """The caller's side of `read_data`: lends the buffers pieces are read into and takes each back once stored."""
+
+    def take(self) -> memoryview: ...
+
+    def stored(self, buffer: memoryview, count: int) -> None: ...
 
 
 _FILE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -143,8 +150,6 @@ class StagingTensorFileWriter:
         "_caller_hashes",
         "_cast",
         "_closed",
-        "_copy_position",
-        "_copy_range",
         "_coverage",
         "_fd",
         "_hasher",
@@ -178,8 +183,6 @@ class StagingTensorFileWriter:
         self._result: WrittenFile | None = None
         self._next_byte = 0  # ordered files: the data offset the next write must start at
         self._cast: CastBuffers | None = None  # made by the first copy_rows
-        self._copy_range = True  # copy_data: False once the kernel refused copy_file_range from this file's source
-        self._copy_position: int | None = None  # copy_data: this fd's file position when sendfile last left it
         self._coverage: dict[str, RowCoverage] = {
             placement.spec.name: RowCoverage(placement) for placement in layout.placements
         }
@@ -237,16 +240,15 @@ class StagingTensorFileWriter:
         """
         self._owner._guarded(lambda: self._copy(name, start_row, rows))
 
-    def copy_data(self, source_fd: int, source_offset: int, nbytes: int) -> StoredRange:
-        """Copy the next `nbytes` of the data section from `source_fd` at `source_offset`, in the kernel.
+    def read_data(self, source_fd: int, source_offset: int, nbytes: int, pieces: DataPieces) -> int:
+        """Store the next `nbytes` of the data section, read from `source_fd` at `source_offset` piece by piece.
 
-        For an ordered file opened with `caller_hashes`: the range starts where the previous write
-        ended and ends on a row boundary. Returns the stored bytes (a read-only mapping of the file's
-        own pages) for the caller to hash and then close, on any thread; one shorter than `nbytes`
-        means the source ended early, and then none of the range counts as written. Once the kernel refused
-        `copy_file_range` from a source, later ranges of this file go straight to `sendfile`.
+        For an ordered file opened with `caller_hashes` (whole rows): each piece is read into a buffer
+        `pieces.take()` lends, written from it, and handed back with `pieces.stored(buffer, count)` for the
+        caller to hash, so what is hashed is exactly what was stored, while the next piece is read. Returns
+        the bytes stored; fewer than `nbytes` means the source ended early, and then none of them count as written.
         """
-        return self._owner._guarded(lambda: self._copy_data(source_fd, source_offset, nbytes))
+        return self._owner._guarded(lambda: self._read_data(source_fd, source_offset, nbytes, pieces))
 
     def write_data(self, data: bytes | bytearray | memoryview) -> None:
         """Write `data` as the next bytes of the data section (ordered, caller-hashed files; whole rows), with no
@@ -393,28 +395,12 @@ class StagingTensorFileWriter:
             except OSError as exc:  # an earlier piece of this file failed to hash
                 raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
 
-    def _copy_data(self, source_fd: int, source_offset: int, nbytes: int) -> StoredRange:
-        def transfer(offset: int) -> int:
-            position, self._copy_position = self._copy_position, None
-            done, self._copy_range = kernel_copy(
-                source_fd, source_offset, self._fd, offset, nbytes, use_range=self._copy_range, target_position=position
-            )
-            if not self._copy_range:
-                self._copy_position = offset + done
-            return done
-
-        copied, offset = self._store_data(nbytes, transfer)
-        try:
-            return StoredRange(self._fd, offset, copied)
-        except OSError as exc:
-            raise os_failed(exc, f"mapping the stored bytes of {self._name}", file=self._name) from exc
-
     def _store_data(self, nbytes: int, transfer: Callable[[int], int]) -> tuple[int, int]:
         """Claim the next `nbytes` of the data section, `transfer` them to their file offset, mark them written
         when all came; returns how many came and the file offset."""
         if not (self._ordered and self._caller_hashes):
             raise producer_failed(
-                f"{self._name}: copy_data and write_data need a file opened ordered with caller_hashes",
+                f"{self._name}: read_data and write_data need a file opened ordered with caller_hashes",
                 file=self._name,
             )
         if self._closed:
@@ -439,6 +425,22 @@ class StagingTensorFileWriter:
                     coverage.mark_done(start, stop)
                 self._next_byte = begin + nbytes
             return done, offset
+
+    def _read_data(self, source_fd: int, source_offset: int, nbytes: int, pieces: DataPieces) -> int:
+        def transfer(offset: int) -> int:
+            done = 0
+            while done < nbytes:
+                buffer = pieces.take()
+                count = os.preadv(source_fd, [buffer[: min(len(buffer), nbytes - done)]], source_offset + done)
+                if count:
+                    pwrite_all(self._fd, buffer[:count], offset + done)
+                pieces.stored(buffer, count)
+                if not count:
+                    break  # the source ended early
+                done += count
+            return done
+
+        return self._store_data(nbytes, transfer)[0]
 
     def _write_data(self, data: bytes | bytearray | memoryview) -> None:
         def transfer(offset: int) -> int:
