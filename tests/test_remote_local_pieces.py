@@ -18,7 +18,7 @@ from host_weight_runtime._faults import Fault, FaultAction, armed
 from host_weight_runtime.manifest import MANIFEST_FILE_NAME, WeightManifest
 from host_weight_runtime.remote import FsspecArtifactProvider, import_remote_artifact, push_artifact
 from host_weight_runtime.remote import provider as provider_module
-from host_weight_runtime.remote._piece_lane import FileHashes, PieceLane
+from host_weight_runtime.remote._piece_lane import FileHashes, PieceLane, lane_pays
 
 from .remote_support import META, Node, soon
 from .support import make_identity, make_tensors
@@ -140,3 +140,10 @@ def test_a_source_cut_short_while_its_file_is_copied_fails_typed(tmp_path: Path)
     assert isinstance(details, dict) and str(details["object"]).endswith(manifest.files[0].name)
     assert "truncated" in result.failure.message  # the short copy itself, not a later digest mismatch
     assert node_b.visible() == [] and node_b.temporaries() == []
+
+
+def test_a_hash_thread_is_used_only_where_a_core_is_free_for_it() -> None:
+    """E12: three cores or more always hash on a thread; two only while the load leaves one idle; one never."""
+    assert lane_pays(3, 10.0) and lane_pays(64, 0.0)
+    assert lane_pays(2, 0.9) and not lane_pays(2, 1.5) and not lane_pays(2, 2.7)
+    assert not lane_pays(1, 0.0)

@@ -18,19 +18,23 @@ from collections.abc import Sequence
 from .._digest import DigestAlgorithm, TreeHasher
 from .._faults import fault_point
 
-__all__ = ["PIECE_BYTES", "FileHashes", "PieceLane", "hash_on_a_lane"]
+__all__ = ["PIECE_BYTES", "FileHashes", "PieceLane", "hash_on_a_lane", "lane_pays"]
 
 PIECE_BYTES = 1 << 20
 """A piece: small enough to stay in a core's cache between its read, its write and its hash."""
 _SLOTS = 4
-_LANE_MIN_CORES = 3
-"""A second thread hashes only where the process may run on this many cores: on two, the hand-offs cost more
-than the overlap gains as soon as anything else runs (measured: 1.64x against 2.62x a plain copy, loaded)."""
 
 
 def hash_on_a_lane() -> bool:
     """Whether the pieces are hashed on a thread of their own (else on the copying thread, between pieces)."""
-    return len(os.sched_getaffinity(0)) >= _LANE_MIN_CORES
+    return lane_pays(len(os.sched_getaffinity(0)), os.getloadavg()[0])
+
+
+def lane_pays(cores: int, load: float) -> bool:
+    """A hash thread only pays where a core is free for it: with three cores or more, or with two while the
+    node's load (this process's own share included) leaves one idle. On two busy cores its hand-offs cost more
+    than the overlap gains (measured, loaded: 2.62x a plain copy against 1.64x hashing between pieces)."""
+    return cores >= 3 or (cores == 2 and load < 1.5)
 
 
 class FileHashes:
@@ -62,10 +66,11 @@ class FileHashes:
 
 
 class PieceLane:
-    """The buffers pieces are read into (the writer's `DataPieces`) and the one thread that hashes them in order.
+    """The buffers pieces are read into (the writer's `DataPieces`) and what hashes them, in order: the copying
+    thread itself (`threaded=False`, one buffer) or one hash thread behind it (a ring of four).
 
-    A failed hash is kept and raised by the next `take` or `finish`; the thread keeps handing buffers back, so
-    nothing waits on it forever. `close` stops the thread (it is started by the first stored piece).
+    On the thread a failed hash is kept and raised by the next `take` or `finish`, and the thread keeps handing
+    buffers back, so nothing waits on it forever. `close` stops it (the first stored piece starts it).
     """
 
     def __init__(self, piece_bytes: int, *, threaded: bool) -> None:
