@@ -127,3 +127,54 @@ def test_no_space_during_a_local_copy_is_typed_and_leaves_nothing(tmp_path: Path
     for name, tensor in tensors.items():
         assert_bitwise_equal(again.lease.tensors[name], tensor)
     again.lease.close()
+
+
+def test_close_hashed_keeps_an_expected_entry_only_when_it_is_exactly_the_record(tmp_path: Path) -> None:
+    """E12, S04: an import hands close_hashed the remote manifest's entries; one equal in every field to what
+    the writer records is kept as it is, and one that differs in anything (digest, role, offsets) is never
+    adopted: the writer records its own entry, with the digests the caller hashed."""
+    import dataclasses
+
+    from host_weight_runtime._digest import tree_digest
+    from host_weight_runtime.manifest import TensorManifestEntry
+    from host_weight_runtime.protocols import ProductionMetadata
+
+    identity = make_identity()
+    tensor = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+    spec = TensorWriteSpec(name="w", shape=(4, 4), dtype=torch.float32)
+    seen: dict[str, TensorManifestEntry] = {}
+
+    class Producer(SyntheticProducer):
+        def __init__(self, change: dict[str, object]) -> None:
+            super().__init__(identity, {"w": tensor}, files=1)
+            self.change = change
+
+        def produce(self, writer):  # type: ignore[no-untyped-def]
+            file_writer = writer.open_tensor_file("a.safetensors", (spec,), ordered=True, caller_hashes=True)
+            data = tensor.numpy().tobytes()
+            file_writer.write_data(data)
+            digest = tree_digest(data, writer.chunk_bytes, writer.digest_algorithm)
+            exact = TensorManifestEntry(
+                name="w", file="a.safetensors", dtype="F32", shape=(4, 4), strides=(4, 1), data_offsets=(0, 64),
+                kind=spec.kind, role=spec.role, digest=digest,
+            )  # fmt: skip
+            offered = dataclasses.replace(exact, **self.change)  # type: ignore[arg-type]
+            file_writer.close_hashed([digest], expected=[offered])
+            seen["offered"], seen["recorded"] = offered, file_writer.result.tensors[0]
+            return ProductionMetadata(producer_schema=self.producer_schema, restorer_schema=self.restorer_schema)
+
+    other = "f" * 64
+    for name, change in {
+        "exact": {},
+        "digest": {"digest": other},
+        "role": {"role": "another"},
+        "offsets": {"data_offsets": (0, 64), "shape": (2, 8), "strides": (8, 1)},
+    }.items():
+        node = Node(tmp_path / name)
+        result = node.store.get_or_build(BuildRequest(identity), Producer(change), validation=META, deadline=soon())
+        assert result.status is StoreStatus.BUILT and result.lease is not None, (name, result.failure)
+        recorded = result.lease.manifest.tensors[0]
+        result.lease.close()
+        assert (seen["recorded"] is seen["offered"]) == (name == "exact"), name
+        assert (recorded.shape, recorded.role, recorded.digest) == ((4, 4), spec.role, seen["recorded"].digest)
+        assert recorded.digest != other

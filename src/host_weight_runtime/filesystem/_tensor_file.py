@@ -29,7 +29,7 @@ from ._cast_buffers import CastBuffers
 from ._coverage import RowCoverage, claims_of, rows_of_write
 from ._payload_hashing import PayloadHasher
 from ._pwrite import pwrite_all, pwritev_all
-from ._safetensors_layout import FileLayout, tensor_bytes
+from ._safetensors_layout import FileLayout, Placement, tensor_bytes
 from ._write_failures import os_failed, producer_failed
 
 if TYPE_CHECKING:
@@ -276,16 +276,21 @@ class StagingTensorFileWriter:
         if exc_type is None:
             self.close()
 
-    def close_hashed(self, tensor_digests: Sequence[str]) -> None:
+    def close_hashed(
+        self, tensor_digests: Sequence[str], *, expected: Sequence[TensorManifestEntry] | None = None
+    ) -> None:
         """Close a file opened with `caller_hashes`: record the caller's digests instead of reading the file back.
 
         For a caller that hashed every byte it wrote from the very buffers it wrote (a remote
         import hashes each range as it lands), in this writer's chunking and algorithm, one
         digest per tensor in layout order. The file digest is still composed here, from the
-        header this writer wrote.
+        header this writer wrote. `expected`: the entries the caller will compare the result with (an
+        import's remote manifest, in layout order); one equal in every field to what this writer records
+        is kept as it is instead of being composed and validated again.
         """
         digests = tuple(tensor_digests)
-        self._owner._guarded(lambda: self._close(digests))
+        known = tuple(expected) if expected is not None else None
+        self._owner._guarded(lambda: self._close(digests, known))
 
     def _refuse_unhashed_close(self) -> None:
         raise producer_failed(
@@ -516,7 +521,11 @@ class StagingTensorFileWriter:
 
     # -- closing
 
-    def _close(self, caller_digests: tuple[str, ...] | None = None) -> None:
+    def _close(
+        self,
+        caller_digests: tuple[str, ...] | None = None,
+        expected: tuple[TensorManifestEntry, ...] | None = None,
+    ) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -530,7 +539,7 @@ class StagingTensorFileWriter:
                 except OSError as exc:
                     raise os_failed(exc, f"fsyncing {self._name}", file=self._name) from exc
                 try:
-                    self._result = self._written_file(caller_digests)
+                    self._result = self._written_file(caller_digests, expected)
                 except OSError as exc:  # reading the written bytes back to hash them
                     raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
             finally:
@@ -559,7 +568,11 @@ class StagingTensorFileWriter:
                     stop_row=end,
                 )
 
-    def _written_file(self, caller_digests: tuple[str, ...] | None = None) -> WrittenFile:
+    def _written_file(
+        self,
+        caller_digests: tuple[str, ...] | None = None,
+        expected: tuple[TensorManifestEntry, ...] | None = None,
+    ) -> WrittenFile:
         """The manifest's record of this complete file, with the digests of what was written."""
         if caller_digests is None:
             digests = self._hasher.tensor_digests(ordered=self._ordered)
@@ -573,8 +586,13 @@ class StagingTensorFileWriter:
             )
         else:
             digests = list(caller_digests)
+        kept: Sequence[TensorManifestEntry | None] = (
+            expected if expected is not None and len(expected) == len(digests) else (None,) * len(digests)
+        )
         entries = tuple(
-            TensorManifestEntry(
+            known
+            if known is not None and _records(known, self._name, placement, digest)
+            else TensorManifestEntry(
                 name=placement.spec.name,
                 file=self._name,
                 dtype=placement.code,
@@ -585,7 +603,7 @@ class StagingTensorFileWriter:
                 role=placement.spec.role,
                 digest=digest,
             )
-            for placement, digest in zip(self._layout.placements, digests, strict=True)
+            for placement, digest, known in zip(self._layout.placements, digests, kept, strict=True)
         )
         return WrittenFile(
             name=self._name,
@@ -607,3 +625,17 @@ class StagingTensorFileWriter:
             self._closed = True
             self._hasher.drain()
             self._release_fd()
+
+
+def _records(entry: TensorManifestEntry, file: str, placement: Placement, digest: str) -> bool:
+    """Whether `entry` (validated when it was made) is exactly the record of `placement` with `digest` in `file`."""
+    return (
+        entry.name == placement.spec.name
+        and entry.file == file
+        and entry.dtype == placement.code
+        and entry.shape == placement.spec.shape
+        and entry.data_offsets == (placement.begin, placement.end)
+        and entry.kind is placement.spec.kind
+        and entry.role == placement.spec.role
+        and entry.digest == digest
+    )

@@ -324,7 +324,7 @@ class FsspecArtifactProvider:
                     tensors: tuple[TensorManifestEntry, ...] = tensors,
                     hashes: FileHashes = hashes,
                 ) -> None:
-                    opened.close_hashed(lane.finish(hashes))
+                    opened.close_hashed(lane.finish(hashes), expected=tensors)
                     self._compare_written(key, file, tensors, opened)
 
                 previous = finish
