@@ -27,7 +27,11 @@ _SLOTS = 4
 
 def hash_on_a_lane() -> bool:
     """Whether the pieces are hashed on a thread of their own (else on the copying thread, between pieces)."""
-    return lane_pays(len(os.sched_getaffinity(0)), os.getloadavg()[0])
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average to read: count the cores only
+        load = float("inf")
+    return lane_pays(len(os.sched_getaffinity(0)), load)
 
 
 def lane_pays(cores: int, load: float) -> bool:
