@@ -1,5 +1,5 @@
 """A `file://` import into a tmpfs domain sizes each payload file (`ftruncate`) instead of preallocating it, so
-the kernel copy allocates as it goes (E12). The size is still the reservation: a concurrent build counts the
+the copy allocates as it goes (E12). The size is still the reservation: a concurrent build counts the
 bytes the file does not occupy yet, and running out of space inside the copy is a typed, retryable NO_SPACE
 with nothing left behind (S18). Both on a real size-capped tmpfs, where the kernel's own ENOSPC arrives.
 """
@@ -44,9 +44,9 @@ def _nothing_left(store: FilesystemHostWeightStore) -> None:
     assert os.listdir(store.layout.artifacts) == [] and os.listdir(store.layout.tmp) == []
 
 
-def test_enospc_inside_the_kernel_copy_of_a_sized_file_is_typed_and_leaves_nothing(tmp_path: Path) -> None:
+def test_enospc_inside_the_copy_of_a_sized_file_is_typed_and_leaves_nothing(tmp_path: Path) -> None:
     """S18, E12: the import's capacity check passes and its payload file is sized; then another tenant fills
-    the tmpfs before the first range is copied, so the kernel's own ENOSPC arrives inside the copy (not at a
+    the tmpfs before the first piece is copied, so the kernel's own ENOSPC arrives inside the copy (not at a
     preallocation): typed, retryable NO_SPACE, nothing published or left in tmp/; with the space freed the
     same import publishes every byte as pushed."""
     url, tensors, identity = _pushed(tmp_path, scale=64)

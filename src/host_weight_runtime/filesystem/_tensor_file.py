@@ -4,8 +4,9 @@ A file is accepted at close only when every byte of every declared tensor was wr
 Rows arrive by `pwrite` (`write_tensor`, `write_rows`), or are converted by the writer itself
 (`copy_rows`: one pass, each chunk converted into a slot of a reused ring, written from it on the lane's
 write thread and its leaves hashed from it on that thread or the converting one, never read back from the
-file), or are copied by the kernel from another file (`copy_data`, for a caller that hashes the stored
-pages itself). The record a close produces (coverage check, manifest entries) is `_written_file`.
+file), or are read piece by piece from another file through the caller's buffers (`read_data`, for a caller
+that hashes each piece from the buffer it was written from). The record a close produces (coverage check,
+manifest entries) is `_written_file`.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from .._digest import DigestAlgorithm
 from .._faults import fault_point
+from ..manifest import TensorManifestEntry
 from ..protocols import TensorWriteSpec
 from ._cast_buffers import CastBuffers
 from ._coverage import RowCoverage, claims_of, rows_of_write
-from ._kernel_copy import StoredRange, kernel_copy
 from ._payload_hashing import PayloadHasher
 from ._pwrite import pwrite_all, pwritev_all
 from ._safetensors_layout import FileLayout, tensor_bytes
@@ -34,7 +35,7 @@ from ._written_file import WrittenFile, check_caller_digests, check_complete, wr
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["StagingTensorFileWriter", "TensorFileOwner", "create_tensor_file"]
+__all__ = ["DataPieces", "StagingTensorFileWriter", "TensorFileOwner", "create_tensor_file"]
 
 _T = TypeVar("_T")
 
@@ -59,6 +60,14 @@ class TensorFileOwner(Protocol):
     def _guarded(self, action: Callable[[], _T]) -> _T: ...
 
     def _check_open(self) -> None: ...
+
+
+class DataPieces(Protocol):
+    """The caller's side of `read_data`: lends the buffers pieces are read into and takes each back once stored."""
+
+    def take(self) -> memoryview: ...
+
+    def stored(self, buffer: memoryview, count: int) -> None: ...
 
 
 _FILE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -120,8 +129,6 @@ class StagingTensorFileWriter:
         "_caller_hashes",
         "_cast",
         "_closed",
-        "_copy_position",
-        "_copy_range",
         "_coverage",
         "_fd",
         "_hasher",
@@ -155,8 +162,6 @@ class StagingTensorFileWriter:
         self._result: WrittenFile | None = None
         self._next_byte = 0  # ordered files: the data offset the next write must start at
         self._cast: CastBuffers | None = None  # made by the first copy_rows
-        self._copy_range = True  # copy_data: False once the kernel refused copy_file_range from this file's source
-        self._copy_position: int | None = None  # copy_data: this fd's file position when sendfile last left it
         self._coverage: dict[str, RowCoverage] = {
             placement.spec.name: RowCoverage(placement) for placement in layout.placements
         }
@@ -214,16 +219,15 @@ class StagingTensorFileWriter:
         """
         self._owner._guarded(lambda: self._copy(name, start_row, rows))
 
-    def copy_data(self, source_fd: int, source_offset: int, nbytes: int) -> StoredRange:
-        """Copy the next `nbytes` of the data section from `source_fd` at `source_offset`, in the kernel.
+    def read_data(self, source_fd: int, source_offset: int, nbytes: int, pieces: DataPieces) -> int:
+        """Store the next `nbytes` of the data section, read from `source_fd` at `source_offset` piece by piece.
 
-        For an ordered file opened with `caller_hashes`: the range starts where the previous write
-        ended and ends on a row boundary. Returns the stored bytes (a read-only mapping of the file's
-        own pages) for the caller to hash and then close, on any thread; one shorter than `nbytes`
-        means the source ended early, and then none of the range counts as written. Once the kernel refused
-        `copy_file_range` from a source, later ranges of this file go straight to `sendfile`.
+        For an ordered file opened with `caller_hashes` (whole rows): each piece is read into a buffer
+        `pieces.take()` lends, written from it, and handed back with `pieces.stored(buffer, count)` for the
+        caller to hash, so what is hashed is exactly what was stored, while the next piece is read. Returns
+        the bytes stored; fewer than `nbytes` means the source ended early, and then none of them count as written.
         """
-        return self._owner._guarded(lambda: self._copy_data(source_fd, source_offset, nbytes))
+        return self._owner._guarded(lambda: self._read_data(source_fd, source_offset, nbytes, pieces))
 
     def write_data(self, data: bytes | bytearray | memoryview) -> None:
         """Write `data` as the next bytes of the data section (ordered, caller-hashed files; whole rows), with no
@@ -251,16 +255,21 @@ class StagingTensorFileWriter:
         if exc_type is None:
             self.close()
 
-    def close_hashed(self, tensor_digests: Sequence[str]) -> None:
+    def close_hashed(
+        self, tensor_digests: Sequence[str], *, expected: Sequence[TensorManifestEntry] | None = None
+    ) -> None:
         """Close a file opened with `caller_hashes`: record the caller's digests instead of reading the file back.
 
         For a caller that hashed every byte it wrote from the very buffers it wrote (a remote
         import hashes each range as it lands), in this writer's chunking and algorithm, one
         digest per tensor in layout order. The file digest is still composed here, from the
-        header this writer wrote.
+        header this writer wrote. `expected`: the entries the caller will compare the result with (an
+        import's remote manifest, in layout order); one equal in every field to what this writer records
+        is kept as it is instead of being composed and validated again.
         """
         digests = tuple(tensor_digests)
-        self._owner._guarded(lambda: self._close(digests))
+        known = tuple(expected) if expected is not None else None
+        self._owner._guarded(lambda: self._close(digests, known))
 
     def _refuse_unhashed_close(self) -> None:
         raise producer_failed(
@@ -370,28 +379,12 @@ class StagingTensorFileWriter:
             except OSError as exc:  # an earlier piece of this file failed to hash
                 raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
 
-    def _copy_data(self, source_fd: int, source_offset: int, nbytes: int) -> StoredRange:
-        def transfer(offset: int) -> int:
-            position, self._copy_position = self._copy_position, None
-            done, self._copy_range = kernel_copy(
-                source_fd, source_offset, self._fd, offset, nbytes, use_range=self._copy_range, target_position=position
-            )
-            if not self._copy_range:
-                self._copy_position = offset + done
-            return done
-
-        copied, offset = self._store_data(nbytes, transfer)
-        try:
-            return StoredRange(self._fd, offset, copied)
-        except OSError as exc:
-            raise os_failed(exc, f"mapping the stored bytes of {self._name}", file=self._name) from exc
-
     def _store_data(self, nbytes: int, transfer: Callable[[int], int]) -> tuple[int, int]:
         """Claim the next `nbytes` of the data section, `transfer` them to their file offset, mark them written
         when all came; returns how many came and the file offset."""
         if not (self._ordered and self._caller_hashes):
             raise producer_failed(
-                f"{self._name}: copy_data and write_data need a file opened ordered with caller_hashes",
+                f"{self._name}: read_data and write_data need a file opened ordered with caller_hashes",
                 file=self._name,
             )
         if self._closed:
@@ -416,6 +409,22 @@ class StagingTensorFileWriter:
                     coverage.mark_done(start, stop)
                 self._next_byte = begin + nbytes
             return done, offset
+
+    def _read_data(self, source_fd: int, source_offset: int, nbytes: int, pieces: DataPieces) -> int:
+        def transfer(offset: int) -> int:
+            done = 0
+            while done < nbytes:
+                buffer = pieces.take()
+                count = os.preadv(source_fd, [buffer[: min(len(buffer), nbytes - done)]], source_offset + done)
+                if count:
+                    pwrite_all(self._fd, buffer[:count], offset + done)
+                pieces.stored(buffer, count)
+                if not count:
+                    break  # the source ended early
+                done += count
+            return done
+
+        return self._store_data(nbytes, transfer)[0]
 
     def _write_data(self, data: bytes | bytearray | memoryview) -> None:
         def transfer(offset: int) -> int:
@@ -491,7 +500,11 @@ class StagingTensorFileWriter:
 
     # -- closing
 
-    def _close(self, caller_digests: tuple[str, ...] | None = None) -> None:
+    def _close(
+        self,
+        caller_digests: tuple[str, ...] | None = None,
+        expected: tuple[TensorManifestEntry, ...] | None = None,
+    ) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -505,7 +518,7 @@ class StagingTensorFileWriter:
                 except OSError as exc:
                     raise os_failed(exc, f"fsyncing {self._name}", file=self._name) from exc
                 try:
-                    self._result = self._written_file(caller_digests)
+                    self._result = self._written_file(caller_digests, expected)
                 except OSError as exc:  # reading the written bytes back to hash them
                     raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
             finally:
@@ -519,13 +532,17 @@ class StagingTensorFileWriter:
         except OSError as exc:  # a piece failed to hash
             raise os_failed(exc, f"hashing {self._name}", file=self._name) from exc
 
-    def _written_file(self, caller_digests: tuple[str, ...] | None = None) -> WrittenFile:
+    def _written_file(
+        self,
+        caller_digests: tuple[str, ...] | None = None,
+        expected: tuple[TensorManifestEntry, ...] | None = None,
+    ) -> WrittenFile:
         """The manifest's record of this complete file, with the digests of what was written."""
         if caller_digests is None:
             digests = self._hasher.tensor_digests(ordered=self._ordered)
         else:
             digests = check_caller_digests(self._name, self._layout, caller_digests)
-        return written_file(self._name, self._layout, digests, self._hasher.file_digest(digests))
+        return written_file(self._name, self._layout, digests, self._hasher.file_digest(digests), expected)
 
     def _release_fd(self) -> None:
         if self._fd >= 0:
@@ -539,3 +556,4 @@ class StagingTensorFileWriter:
             self._closed = True
             self._hasher.drain()
             self._release_fd()
+

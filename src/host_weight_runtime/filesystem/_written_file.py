@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..manifest import FileManifestEntry, TensorManifestEntry
 from ..tensors import contiguous_strides
 from ._coverage import RowCoverage
-from ._safetensors_layout import FileLayout
+from ._safetensors_layout import FileLayout, Placement
 from ._write_failures import producer_failed
 
 __all__ = ["WrittenFile", "check_caller_digests", "check_complete", "written_file"]
@@ -69,10 +69,25 @@ def check_caller_digests(name: str, layout: FileLayout, caller_digests: Sequence
     return list(caller_digests)
 
 
-def written_file(name: str, layout: FileLayout, digests: Sequence[str], file_digest: str) -> WrittenFile:
-    """The manifest's record of complete file `name`: each tensor's entry with its digest, and the file's."""
+def written_file(
+    name: str,
+    layout: FileLayout,
+    digests: Sequence[str],
+    file_digest: str,
+    expected: Sequence[TensorManifestEntry] | None = None,
+) -> WrittenFile:
+    """The manifest's record of complete file `name`: each tensor's entry with its digest, and the file's.
+
+    `expected`: entries a caller already holds (an import's remote manifest), one per tensor in layout order;
+    each is kept where it is exactly the record of what was written, so no second record is built and checked.
+    """
+    kept: Sequence[TensorManifestEntry | None] = (
+        expected if expected is not None and len(expected) == len(digests) else (None,) * len(digests)
+    )
     entries = tuple(
-        TensorManifestEntry(
+        known
+        if known is not None and _records(known, name, placement, digest)
+        else TensorManifestEntry(
             name=placement.spec.name,
             file=name,
             dtype=placement.code,
@@ -83,6 +98,20 @@ def written_file(name: str, layout: FileLayout, digests: Sequence[str], file_dig
             role=placement.spec.role,
             digest=digest,
         )
-        for placement, digest in zip(layout.placements, digests, strict=True)
+        for placement, digest, known in zip(layout.placements, digests, kept, strict=True)
     )
     return WrittenFile(name=name, size=layout.size, header_size=len(layout.header), digest=file_digest, tensors=entries)
+
+
+def _records(entry: TensorManifestEntry, file: str, placement: Placement, digest: str) -> bool:
+    """Whether `entry` (validated when it was made) is exactly the record of `placement` with `digest` in `file`."""
+    return (
+        entry.name == placement.spec.name
+        and entry.file == file
+        and entry.dtype == placement.code
+        and entry.shape == placement.spec.shape
+        and entry.data_offsets == (placement.begin, placement.end)
+        and entry.kind is placement.spec.kind
+        and entry.role == placement.spec.role
+        and entry.digest == digest
+    )

@@ -1,6 +1,6 @@
-"""The read plan and buffers of a one-pass remote import: byte ranges of a payload file, the tensors each
-range carries, reused range buffers, and the hash lanes that hash each range behind the writes: from its buffer,
-or (a local source copied by the kernel) from the stored file's own pages.
+"""The read plan and buffers of a one-pass remote import from an object store: byte ranges of a payload file, the
+tensors each range carries, reused range buffers, and the hash lanes that hash each range from its buffer behind
+the writes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
 
 from .._digest import DigestAlgorithm, TreeHasher
 from ..manifest import FileManifestEntry, TensorManifestEntry
@@ -29,7 +28,6 @@ __all__ = [
     "RangeBuffers",
     "RangeWrite",
     "ReadRange",
-    "StoredBytes",
     "leaf_threads",
     "plan_ranges",
     "spec_of",
@@ -64,41 +62,21 @@ def plan_ranges(
     file: FileManifestEntry,
     tensors: tuple[TensorManifestEntry, ...],
     chunk_bytes: int,
-    *,
-    head_bytes: int | None = None,
-    tail_bytes: int | None = None,
 ) -> list[ReadRange]:
-    """Split a file's data section into reads of about `chunk_bytes`, each ending on a row boundary.
-
-    With `head_bytes`, the ranges grow from `head_bytes` (each at most as long as all before it, so their
-    ends stay on the same power-of-two boundaries as whole ranges and digest chunks): the first file of an
-    import starts with a small range, so hashing starts after a few MiB were copied.
-    With `tail_bytes`, they shrink towards the end of the file (each at most half of what is left, never
-    under `tail_bytes`): the last file ends with a small range, so the hash still running after the
-    last byte was copied is that of a few MiB, not of a whole range.
-    """
+    """Split a file's data section into reads of about `chunk_bytes`, each ending on a row boundary."""
     ranges: list[ReadRange] = []
     pending: list[RangeWrite] = []
     range_start = file.header_size
     position = file.header_size
 
-    def cap() -> int:
-        limit = chunk_bytes
-        if head_bytes is not None:
-            limit = min(limit, max(head_bytes, range_start - file.header_size))
-        if tail_bytes is not None:
-            limit = min(limit, max(tail_bytes, (file.size - range_start + 1) // 2))
-        return limit
-
-    limit = cap()
+    limit = chunk_bytes
 
     def flush() -> None:
-        nonlocal pending, range_start, limit
+        nonlocal pending, range_start
         if pending:
             ranges.append(ReadRange(range_start, position, tuple(pending)))
         pending = []
         range_start = position
-        limit = cap()
 
     for entry in tensors:
         spec = spec_of(entry)
@@ -144,16 +122,6 @@ def tensor_from(buffer: bytearray, write: RangeWrite) -> torch.Tensor:
     return flat.reshape(shape)
 
 
-class StoredBytes(Protocol):
-    """Bytes a writer stored and mapped for hashing (the staging writer's `copy_data` result)."""
-
-    def __len__(self) -> int: ...
-
-    def view(self) -> memoryview: ...
-
-    def close(self) -> None: ...
-
-
 class HashLanes:
     """Hashes each range's bytes right after they were written, behind the writes, in file order.
 
@@ -194,17 +162,6 @@ class HashLanes:
             self._queued.popleft().result()
         self._queued.append(self._lane.submit(self._hash_view, hashers, view, writes))
 
-    def hash_mapped(
-        self, hashers: dict[str, TreeHasher], stored: StoredBytes, writes: tuple[RangeWrite, ...]
-    ) -> Future[None]:
-        """Hash a range the writer stored, behind the next copy, off the copying thread: the leaf threads fault
-        its pages in as they hash them, and the mapping is closed behind them. Returns the range's hash."""
-        while len(self._queued) >= self._pending:
-            self._queued.popleft().result()
-        future = self._lane.submit(self._hash_mapped, hashers, stored, writes)
-        self._queued.append(future)
-        return future
-
     def drain(self, through: Future[None] | None = None) -> None:
         """Wait for every queued hash, or only up to `through` (the lane runs them in order); raise what they raised."""
         if through is not None and through not in self._queued:
@@ -227,12 +184,6 @@ class HashLanes:
             for write in writes:
                 with view[write.offset : write.offset + write.nbytes] as piece:
                     hashers[write.spec.name].update(piece, self._leaves)
-
-    def _hash_mapped(self, hashers: dict[str, TreeHasher], stored: StoredBytes, writes: tuple[RangeWrite, ...]) -> None:
-        try:
-            self._hash_view(hashers, stored.view(), writes)
-        finally:
-            self._leaves.submit(stored.close)  # unmapping takes a while too: not on the lane (shutdown waits for it)
 
 
 class RangeBuffers:

@@ -7,8 +7,8 @@ be the descriptor's), declares each payload file to the writer with the remote l
 and streams the tensor bytes in bounded ranges into the writer in order, one pass with
 no second copy: from an object store several ranges are in flight, each written from the
 bytes the backend returned and hashed from them on a hash lane behind the writes; from a
-local folder (file://) each range is copied by the kernel into the staged file and hashed
-from the staged file's own pages while the next range copies.
+local folder (file://) each file is read piece by piece into a small buffer, written from it
+into the staged file and hashed from it while it is still in the cache (`_piece_lane.py`).
 Before `fetch` returns, each tensor digest and each file digest must equal the remote
 manifest's, so a wrong byte fails the build and nothing is ever published from it.
 
@@ -49,6 +49,7 @@ from ..protocols import (
 from ..tensors import dtype_from_code, dtype_itemsize
 from ._descriptor import DESCRIPTOR_FILE_NAME, MAX_DESCRIPTOR_BYTES, MAX_MANIFEST_BYTES, RemoteDescriptorRecord
 from ._location import DEFAULT_TIMEOUT_S, RemoteLocation, remote_failed
+from ._piece_lane import PIECE_BYTES, FileHashes, PieceLane, hash_on_a_lane
 from ._ranges import HashLanes, RangeBuffers, ReadRange, plan_ranges, spec_of, tensor_from
 
 __all__ = [
@@ -59,10 +60,6 @@ __all__ = [
 
 DEFAULT_CHUNK_BYTES = 32 << 20
 DEFAULT_MAX_CONCURRENCY = 4
-# A file:// import's first ranges grow from, and its last ranges shrink to, 1/EDGE_DIVISOR of a range (2 MiB
-# by default; `plan_ranges`): hashing starts after that much was copied, and the hash of the last range is
-# all that is left to do once the last byte was copied.
-EDGE_DIVISOR = 16
 
 
 class FsspecArtifactProvider:
@@ -251,6 +248,25 @@ class FsspecArtifactProvider:
                 key, f"it was digested with {algorithm.value} and this store's writer cannot reproduce that"
             )
         by_file = self._layout_by_file(key, manifest)
+        if isinstance(writer, StagingArtifactWriter) and self._location.local:
+            self._copy_files(key, manifest, by_file, writer, algorithm)
+        else:
+            self._fetch_files(key, manifest, by_file, writer, algorithm)
+        return ProductionMetadata(
+            producer_schema=manifest.producer_schema,
+            restorer_schema=manifest.restorer_schema,
+            format_metadata=manifest.format_metadata,
+        )
+
+    def _fetch_files(
+        self,
+        key: str,
+        manifest: WeightManifest,
+        by_file: dict[str, tuple[TensorManifestEntry, ...]],
+        writer: ArtifactWriter,
+        algorithm: DigestAlgorithm,
+    ) -> None:
+        """Ranged reads, several in flight, each written and hashed behind the writes."""
         with (
             ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix="hwr-remote") as pool,
             HashLanes(
@@ -260,19 +276,62 @@ class FsspecArtifactProvider:
                 buffers=RangeBuffers(self._chunk_bytes, keep=2 * self._concurrency + 2),
             ) as lanes,
         ):
-            finish: Callable[[], None] | None = None
-            for index, file in enumerate(manifest.files):
-                edges = (index == 0, index == len(manifest.files) - 1)
-                finish = self._fetch_file(
-                    key, file, by_file[file.name], writer, pool=pool, lanes=lanes, before=finish, edges=edges
+            for file in manifest.files:
+                self._fetch_file(key, file, by_file[file.name], writer, pool=pool, lanes=lanes)
+
+    def _copy_files(
+        self,
+        key: str,
+        manifest: WeightManifest,
+        by_file: dict[str, tuple[TensorManifestEntry, ...]],
+        writer: StagingArtifactWriter,
+        algorithm: DigestAlgorithm,
+    ) -> None:
+        """A local source: each file's data section read piece by piece into a reused buffer, written from it and
+        hashed from it (`_piece_lane.py`); the source is opened once per file, so what its descriptor reads is
+        what is hashed. A file is closed and compared once the next file's bytes are stored (a hash lane may
+        still be hashing its last pieces meanwhile)."""
+        lane = PieceLane(min(self._chunk_bytes, PIECE_BYTES), threaded=hash_on_a_lane())
+        previous: Callable[[], None] | None = None
+        try:
+            for file in manifest.files:
+                tensors = by_file[file.name]
+                opened = writer.open_tensor_file(
+                    file.name, tuple(map(spec_of, tensors)), ordered=True, caller_hashes=True
                 )
-            if finish is not None:
-                finish()
-        return ProductionMetadata(
-            producer_schema=manifest.producer_schema,
-            restorer_schema=manifest.restorer_schema,
-            format_metadata=manifest.format_metadata,
-        )
+                sizes = [tensor.data_offsets[1] - tensor.data_offsets[0] for tensor in tensors]
+                hashes = FileHashes(sizes, manifest.digest_chunk_bytes, algorithm)
+                lane.open_file(hashes)
+                relative = f"{key}/{file.name}"
+                wanted = file.size - file.header_size
+                if wanted:
+                    fault_point("remote.fetch.chunk")  # the first piece's: the source is opened for it
+                    source_fd = self._location.open_local(relative)
+                    assert source_fd is not None
+                    try:
+                        stored = opened.read_data(source_fd, file.header_size, wanted, lane)
+                    finally:
+                        os.close(source_fd)
+                    if stored != wanted:
+                        raise self._short_read(relative, ReadRange(file.header_size, file.size, ()), stored)
+                lane.end_file()
+                if previous is not None:
+                    previous()
+
+                def finish(
+                    file: FileManifestEntry = file,
+                    opened: StagingTensorFileWriter = opened,
+                    tensors: tuple[TensorManifestEntry, ...] = tensors,
+                    hashes: FileHashes = hashes,
+                ) -> None:
+                    opened.close_hashed(lane.finish(hashes), expected=tensors)
+                    self._compare_written(key, file, tensors, opened)
+
+                previous = finish
+            if previous is not None:
+                previous()
+        finally:
+            lane.close()
 
     def _read_manifest(
         self, key: str, record: RemoteDescriptorRecord, descriptor: RemoteArtifactDescriptor
@@ -342,32 +401,12 @@ class FsspecArtifactProvider:
         *,
         pool: ThreadPoolExecutor,
         lanes: HashLanes,
-        before: Callable[[], None] | None,
-        edges: tuple[bool, bool] = (False, False),
-    ) -> Callable[[], None] | None:
-        """Import one payload file; a local copy returns its finish (wait for the last hash, close, compare),
-        which the next file runs once its first range was copied, so that copy overlaps the hash. `edges` says
-        whether this is the first and the last file: a local copy's first file starts with small ranges (nothing
-        to hash yet) and its last file ends with small ones (nothing left to copy while its last range hashes)."""
+    ) -> None:
+        """Import one payload file by ranged reads."""
         specs = tuple(spec_of(entry) for entry in tensors)
         relative = f"{key}/{file.name}"
         plan = plan_ranges(file, tensors, self._chunk_bytes)
         staging = isinstance(writer, StagingArtifactWriter)
-        if isinstance(writer, StagingArtifactWriter) and self._location.local:
-            opened = writer.open_tensor_file(file.name, specs, ordered=True, caller_hashes=True)
-            small = self._chunk_bytes // EDGE_DIVISOR
-            return self._copy_file(
-                key,
-                file,
-                tensors,
-                opened,
-                lanes=lanes,
-                before=before,
-                head_bytes=small if edges[0] else None,
-                tail_bytes=small if edges[1] else None,
-            )
-        if before is not None:
-            before()
         read = self._read_bytes if staging else functools.partial(self._read_range, buffers=lanes.buffers)
         ranges = self._stream(relative, plan, pool, read)
         with contextlib.closing(ranges):  # no read outlives a failed write
@@ -403,7 +442,7 @@ class FsspecArtifactProvider:
         if hashers is None:
             file_writer.close()
             self._compare_written(key, file, tensors, file_writer)
-            return None
+            return
         lanes.drain()
         digests = tuple(hashers[tensor.name].hexdigest() for tensor in tensors)
         if staging:
@@ -413,58 +452,6 @@ class FsspecArtifactProvider:
         else:
             file_writer.close()
             self._compare_hashed(key, file, tensors, digests)
-        return None
-
-    def _copy_file(
-        self,
-        key: str,
-        file: FileManifestEntry,
-        tensors: tuple[TensorManifestEntry, ...],
-        file_writer: TensorFileWriter,
-        *,
-        lanes: HashLanes,
-        before: Callable[[], None] | None,
-        head_bytes: int | None,
-        tail_bytes: int | None,
-    ) -> Callable[[], None]:
-        """A local source: each range copied by the kernel into the staged file, then hashed from the stored
-        pages on the lane while the next range copies (what is hashed is exactly what was stored).
-        `before` (the previous file's finish) runs once the first range was copied. The object is opened
-        once: whatever its descriptor reads is what gets hashed and compared. Returns this file's
-        finish: wait for its last hash, close it with the digests, compare them."""
-        assert isinstance(file_writer, StagingTensorFileWriter)
-        relative = f"{key}/{file.name}"
-        hashers = lanes.open_file(tensors)
-        last: Future[None] | None = None
-        source_fd: int | None = None
-        try:
-            for item in plan_ranges(file, tensors, self._chunk_bytes, head_bytes=head_bytes, tail_bytes=tail_bytes):
-                fault_point("remote.fetch.chunk")
-                wanted = item.end - item.start
-                if source_fd is None:
-                    source_fd = self._location.open_local(relative)
-                    assert source_fd is not None
-                stored = file_writer.copy_data(source_fd, item.start, wanted)
-                if len(stored) != wanted:
-                    stored.close()
-                    raise self._short_read(relative, item, len(stored))
-                last = lanes.hash_mapped(hashers, stored, item.writes)
-                if before is not None:
-                    finish_previous: Callable[[], None] = before
-                    before = None
-                    finish_previous()
-        finally:
-            if source_fd is not None:
-                os.close(source_fd)
-        if before is not None:
-            before()
-
-        def finish() -> None:
-            lanes.drain(through=last)
-            file_writer.close_hashed(tuple(hashers[tensor.name].hexdigest() for tensor in tensors))
-            self._compare_written(key, file, tensors, file_writer)
-
-        return finish
 
     def _short_read(self, relative: str, item: ReadRange, count: int) -> HostWeightError:
         return remote_failed(

@@ -1,0 +1,149 @@
+"""A `file://` import reads each payload file piece by piece into a reused buffer, writes it from that buffer and
+hashes it from the same buffer, on the copying thread or on a hash lane behind the next piece (E12); every byte
+of every piece is still hashed and compared before publication, so a flipped byte anywhere (the first byte, either
+side of a piece boundary, the last byte), or a source cut short while its file is copied (the object is opened
+once per file), is a non-retryable remote_failed with nothing visible (E03).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from host_weight_runtime import FailureCode, StoreStatus
+from host_weight_runtime._digest import DigestAlgorithm, tree_digest
+from host_weight_runtime._faults import Fault, FaultAction, armed
+from host_weight_runtime.manifest import MANIFEST_FILE_NAME, WeightManifest
+from host_weight_runtime.remote import FsspecArtifactProvider, import_remote_artifact, push_artifact
+from host_weight_runtime.remote import provider as provider_module
+from host_weight_runtime.remote._piece_lane import FileHashes, PieceLane, lane_pays
+
+from .remote_support import META, Node, soon
+from .support import make_identity, make_tensors
+
+CHUNK = 64 << 10  # the piece size (a provider's chunk_bytes under 1 MiB)
+SCALE = 64  # rows of 64 to 16 KiB: each file spans several 64 KiB pieces
+
+
+def _pushed(tmp_path: Path) -> tuple[Node, Path, WeightManifest]:
+    node_a = Node(tmp_path / "node-a")
+    identity = node_a.build(tensors=make_tensors(scale=SCALE))
+    folder = tmp_path / "remote"
+    push_artifact(node_a.store, identity, f"file://{folder}")
+    manifest = WeightManifest.from_bytes((folder / identity.key / MANIFEST_FILE_NAME).read_bytes())
+    return node_a, folder, manifest
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_pieces_that_straddle_tensors_hash_to_each_tensors_tree_digest(threaded: bool) -> None:
+    """E12: pieces of odd sizes, each crossing tensor boundaries (empty tensors among them), fed in order to a
+    file's hashers on the copying thread or on the lane, give every tensor its one-shot tree digest; two files
+    in a row keep their bytes apart."""
+    sizes = [[5000, 0, 123, 70001, 1], [0, 9, 4096 * 3]]
+    chunk = 4096
+    lane = PieceLane(777, threaded=threaded)
+    opened: list[tuple[FileHashes, list[bytes]]] = []
+    try:
+        for file_sizes in sizes:
+            blobs = [os.urandom(size) for size in file_sizes]
+            hashes = FileHashes([len(blob) for blob in blobs], chunk, DigestAlgorithm.BLAKE3_TREE_V1)
+            lane.open_file(hashes)
+            data = b"".join(blobs)
+            position = 0
+            while position < len(data):
+                buffer = lane.take()
+                count = min(len(buffer), len(data) - position)
+                buffer[:count] = data[position : position + count]
+                lane.stored(buffer, count)
+                position += count
+            lane.end_file()
+            opened.append((hashes, blobs))
+        for hashes, blobs in opened:
+            expected = tuple(tree_digest(blob, chunk, DigestAlgorithm.BLAKE3_TREE_V1) for blob in blobs)
+            assert lane.finish(hashes) == expected
+    finally:
+        lane.close()
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+@pytest.mark.parametrize("where", ["first_byte", "end_of_a_piece", "start_of_a_piece", "last_byte"])
+def test_a_flipped_byte_anywhere_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, threaded: bool
+) -> None:
+    """E03, E12: a byte flipped at the first data byte of the first file, on either side of a piece boundary,
+    or at the last byte of the last file fails the import (non-retryable remote_failed), whichever thread
+    hashes; node B keeps nothing."""
+    monkeypatch.setattr(provider_module, "hash_on_a_lane", lambda: threaded)
+    _, folder, manifest = _pushed(tmp_path)
+    first, last = manifest.files[0], manifest.files[-1]
+    assert first.size - first.header_size > 2 * CHUNK
+    index, offset = {
+        "first_byte": (0, first.header_size),
+        "end_of_a_piece": (0, first.header_size + CHUNK - 1),
+        "start_of_a_piece": (0, first.header_size + CHUNK),
+        "last_byte": (-1, last.size - 1),
+    }[where]
+    payload = folder / make_identity().key / manifest.files[index].name
+    data = bytearray(payload.read_bytes())
+    data[offset] ^= 0x10
+    payload.write_bytes(bytes(data))
+    node_b = Node(tmp_path / "node-b")
+    provider = FsspecArtifactProvider(f"file://{folder}", chunk_bytes=CHUNK)
+    result = import_remote_artifact(node_b.store, make_identity(), provider, validation=META, deadline=soon())
+    assert result is not None and result.status is StoreStatus.FAILED and result.failure is not None
+    assert result.failure.code is FailureCode.REMOTE_FAILED and not result.failure.retryable
+    assert node_b.visible() == [] and node_b.temporaries() == []
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_an_import_publishes_every_byte_whichever_thread_hashes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threaded: bool
+) -> None:
+    """E12: the same import hashed on the copying thread and on a hash lane publishes the pushed bytes."""
+    monkeypatch.setattr(provider_module, "hash_on_a_lane", lambda: threaded)
+    node_a = Node(tmp_path / "node-a")
+    tensors = make_tensors(scale=SCALE)
+    identity = node_a.build(tensors=tensors, files=2)
+    url = f"file://{tmp_path / 'remote'}"
+    push_artifact(node_a.store, identity, url)
+    node_b = Node(tmp_path / "node-b")
+    provider = FsspecArtifactProvider(url, chunk_bytes=CHUNK)
+    result = import_remote_artifact(node_b.store, identity, provider, validation=META, deadline=soon())
+    assert result is not None and result.status is StoreStatus.BUILT and result.lease is not None, result
+    result.lease.close()
+    node_b.assert_holds(identity, tensors)
+
+
+def test_a_source_cut_short_while_its_file_is_copied_fails_typed(tmp_path: Path) -> None:
+    """E03, E12: the source is opened once per file; truncated in place after its first piece was stored, the
+    next read comes up short: a non-retryable remote_failed naming the object, nothing visible on node B."""
+    _, folder, manifest = _pushed(tmp_path)
+    payload = folder / make_identity().key / manifest.files[0].name
+    assert manifest.files[0].size - manifest.files[0].header_size > 2 * CHUNK
+    calls: list[str] = []
+
+    def cut(point: str) -> None:
+        calls.append(point)
+        if len(calls) == 2:  # the first piece is stored: the file is open, cut it in place
+            os.truncate(payload, manifest.files[0].header_size + 1)
+
+    node_b = Node(tmp_path / "node-b")
+    provider = FsspecArtifactProvider(f"file://{folder}", chunk_bytes=CHUNK)
+    with armed("remote.fetch.chunk", Fault(FaultAction.PAUSE, hook=cut, times=10_000)):
+        result = import_remote_artifact(node_b.store, make_identity(), provider, validation=META, deadline=soon())
+    assert len(calls) >= 2
+    assert result is not None and result.status is StoreStatus.FAILED and result.failure is not None
+    assert result.failure.code is FailureCode.REMOTE_FAILED and not result.failure.retryable
+    details = result.failure.details.to_value()
+    assert isinstance(details, dict) and str(details["object"]).endswith(manifest.files[0].name)
+    assert "truncated" in result.failure.message  # the short copy itself, not a later digest mismatch
+    assert node_b.visible() == [] and node_b.temporaries() == []
+
+
+def test_a_hash_thread_is_used_only_where_a_core_is_free_for_it() -> None:
+    """E12: three cores or more always hash on a thread; two only while the load leaves one idle; one never."""
+    assert lane_pays(3, 10.0) and lane_pays(64, 0.0)
+    assert lane_pays(2, 0.9) and not lane_pays(2, 1.5) and not lane_pays(2, 2.7)
+    assert not lane_pays(1, 0.0)
