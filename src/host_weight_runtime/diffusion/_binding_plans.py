@@ -16,8 +16,6 @@ believed only when it binds exactly the skeleton's tensors to keys the checkpoin
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -25,6 +23,7 @@ from typing import Any
 import torch
 
 from ..canonical_json import JsonValue, canonical_sha256
+from ._kept_plans import KeptPlans
 
 __all__ = [
     "BINDING_PLANS",
@@ -40,8 +39,6 @@ _RECORD_SCHEMA = "hwr-transformers-bindings-v1"
 
 BindingPlan = tuple[Mapping[str, str], Mapping[str, str]]
 """(model name -> checkpoint key, alias -> owner), both read-only."""
-
-_KEPT = 32
 
 
 def _registered_mappings() -> tuple[str, ...]:
@@ -109,44 +106,32 @@ def bindings_from_record(
     return keys, aliases
 
 
-class BindingPlans:
+class BindingPlans(KeptPlans[BindingPlan]):
     """A small per-process map from `binding_plan_key` to the bindings found for it (`computations` counts misses)."""
 
-    __slots__ = ("_guard", "_kept", "_limit", "computations", "hits", "renamings")
+    __slots__ = ("renamings",)
 
-    def __init__(self, limit: int = _KEPT) -> None:
-        self._limit = limit
-        self._kept: OrderedDict[Hashable, BindingPlan] = OrderedDict()
-        self._guard = threading.Lock()
-        self.hits = 0
-        self.computations = 0
+    def __init__(self) -> None:
+        super().__init__()
         self.renamings = 0
         """How many bindings this process asked transformers' conversion mapping for (the rest: kept or recorded)."""
+
+    @property
+    def computations(self) -> int:
+        return self.misses
 
     def count_renaming(self) -> None:
         with self._guard:
             self.renamings += 1
 
-    def plan(self, key: Hashable, compute: Callable[[], tuple[dict[str, str], dict[str, str]]]) -> BindingPlan:
-        """The kept bindings for `key`, or `compute()`'s (kept only when it succeeds)."""
-        with self._guard:
-            found = self._kept.get(key)
-            if found is not None:
-                self._kept.move_to_end(key)
-                self.hits += 1
-                return found
-        keys, aliases = compute()
-        computed: BindingPlan = (MappingProxyType(dict(keys)), MappingProxyType(dict(aliases)))
-        with self._guard:
-            self.computations += 1
-            self._kept[key] = computed
-            while len(self._kept) > self._limit:
-                self._kept.popitem(last=False)
-        return computed
+    def bindings(self, key: Hashable, compute: Callable[[], tuple[dict[str, str], dict[str, str]]]) -> BindingPlan:
+        """The kept bindings for `key`, or `compute()`'s, read-only (kept only when it succeeds)."""
 
-    def clear(self) -> None:
-        with self._guard:
-            self._kept.clear()
+        def frozen() -> BindingPlan:
+            keys, aliases = compute()
+            return MappingProxyType(dict(keys)), MappingProxyType(dict(aliases))
+
+        return self.plan(key, frozen)
 
 
 BINDING_PLANS = BindingPlans()

@@ -13,21 +13,18 @@ fail typed, never bind wrong tensors.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable, Mapping
 
 import torch
 
 from ..canonical_json import encode_canonical
+from ._kept_plans import KeptPlans
 from .contracts import FinalLayoutModelContract, FinalLayoutRequest, FinalLayoutTensorPolicy
 from .tensor_layout import TensorOwnership
 
 __all__ = ["OWNERSHIP_PLANS", "OwnershipPlans", "ownership_plan_key"]
 
 OwnershipPlan = tuple[TensorOwnership, tuple[FinalLayoutModelContract, ...]]
-
-_KEPT = 32
 
 
 def ownership_plan_key(
@@ -50,37 +47,15 @@ def ownership_plan_key(
     )
 
 
-class OwnershipPlans:
+class OwnershipPlans(KeptPlans[OwnershipPlan]):
     """A small per-process map from `ownership_plan_key` to the ownership and contracts discovered for it."""
 
-    __slots__ = ("_guard", "_kept", "_limit", "discoveries", "hits")
+    __slots__ = ()
 
-    def __init__(self, limit: int = _KEPT) -> None:
-        self._limit = limit
-        self._kept: OrderedDict[Hashable, OwnershipPlan] = OrderedDict()
-        self._guard = threading.Lock()
-        self.hits = 0
-        self.discoveries = 0
-
-    def plan(self, key: Hashable, discover: Callable[[], OwnershipPlan]) -> OwnershipPlan:
-        """The kept plan for `key`, or `discover()`'s (kept only when it succeeds)."""
-        with self._guard:
-            found = self._kept.get(key)
-            if found is not None:
-                self._kept.move_to_end(key)
-                self.hits += 1
-                return found
-        discovered = discover()
-        with self._guard:
-            self.discoveries += 1
-            self._kept[key] = discovered
-            while len(self._kept) > self._limit:
-                self._kept.popitem(last=False)
-        return discovered
-
-    def clear(self) -> None:
-        with self._guard:
-            self._kept.clear()
+    @property
+    def discoveries(self) -> int:
+        """How many plans this process discovered (the rest were kept)."""
+        return self.misses
 
 
 OWNERSHIP_PLANS = OwnershipPlans()

@@ -311,7 +311,7 @@ def checkpoint_bindings(
     checkpoint_keys = _checkpoint_keys(source)
     ties = dict(getattr(model, "all_tied_weights_keys", None) or {})
     key = binding_plan_key(model, checkpoint_keys, ties)
-    keys, aliases = BINDING_PLANS.plan(key, lambda: _bind_on_node(model, source, checkpoint_keys, ties, records))
+    keys, aliases = BINDING_PLANS.bindings(key, lambda: _bind_on_node(model, source, checkpoint_keys, ties, records))
     return dict(keys), dict(aliases)
 
 
