@@ -25,89 +25,24 @@ from pathlib import Path
 
 import torch
 
-from host_weight_runtime.canonical_json import CanonicalJson
 from host_weight_runtime.config import CapacityPolicy, HostWeightRuntimeConfig
 from host_weight_runtime.filesystem._fsutil import tree_bytes
 from host_weight_runtime.filesystem.store import FilesystemHostWeightStore
-from host_weight_runtime.identity import (
-    IDENTITY_SCHEMA_VERSION,
-    AdaptationIdentity,
-    ComponentIdentity,
-    ProducerIdentity,
-    RuntimeWeightLayout,
-    WeightArtifactIdentity,
-    WeightRepresentation,
-    WeightSourceIdentity,
-)
-from host_weight_runtime.protocols import (
-    ArtifactWriter,
-    BuildRequest,
-    CoordinationScope,
-    LookupPhase,
-    ProductionMetadata,
-    ProductionSourceMode,
-    TensorWriteSpec,
-    WeightProductionSpec,
-)
+from host_weight_runtime.identity import WeightArtifactIdentity
+from host_weight_runtime.protocols import BuildRequest
 from host_weight_runtime.runtime import HostWeightRuntime
 from host_weight_runtime.tensors import ValidationLevel
-
-_SCHEMAS = ("bench-eviction-manifest-v1", "bench-eviction-restorer-v1")
+from host_weight_runtime.testing.store_conformance import TensorDictProducer, conformance_identity
 
 
 def identity(index: int) -> WeightArtifactIdentity:
-    return WeightArtifactIdentity(
-        schema_version=IDENTITY_SCHEMA_VERSION,
-        source=WeightSourceIdentity(
-            model_id="bench/eviction",
-            revision="main",
-            fingerprint="c" * 64,
-            metadata=CanonicalJson.from_value({"index": index}),
-        ),
-        component=ComponentIdentity(name="transformer", ownership="complete"),
-        representation=WeightRepresentation(name="bench", dtype="torch.bfloat16"),
-        layout=RuntimeWeightLayout(
-            name="bench",
-            tensor_parallel_size=1,
-            tensor_parallel_rank=0,
-            sequence_parallel_size=1,
-            sequence_parallel_backend="none",
-        ),
-        adaptation=AdaptationIdentity(),
-        producer=ProducerIdentity(
-            producer_id="bench-eviction",
-            version="1",
-            implementation_fingerprint="d" * 64,
-            manifest_schema=_SCHEMAS[0],
-            restorer_schema=_SCHEMAS[1],
-        ),
-    )
+    return conformance_identity(f"eviction-{index}")
 
 
-class Producer:
+def producer(index: int) -> TensorDictProducer:
     """Four BF16 tensors of 64 KiB each: small, so the domain's size is the variable."""
-
-    def __init__(self, index: int) -> None:
-        self._identity = identity(index)
-        self._tensors = {f"w{n}": torch.full((128, 256), float(index + n), dtype=torch.bfloat16) for n in range(4)}
-
-    @property
-    def spec(self) -> WeightProductionSpec:
-        return WeightProductionSpec(
-            producer_id="bench-eviction",
-            outputs=(self._identity,),
-            source_mode=ProductionSourceMode.CHECKPOINT_STREAM,
-            lookup_phase=LookupPhase.PRE_LOAD_SAFE,
-            coordination_scope=CoordinationScope.SINGLE_PROCESS,
-        )
-
-    def produce(self, writer: ArtifactWriter) -> ProductionMetadata:
-        specs = tuple(TensorWriteSpec(name, tuple(t.shape), t.dtype) for name, t in sorted(self._tensors.items()))
-        file_writer = writer.open_tensor_file("model.safetensors", specs, ordered=True)
-        for spec in specs:
-            file_writer.write_tensor(spec.name, self._tensors[spec.name])
-        file_writer.close()
-        return ProductionMetadata(producer_schema=_SCHEMAS[0], restorer_schema=_SCHEMAS[1])
+    tensors = {f"w{n}": torch.full((128, 256), float(index + n), dtype=torch.bfloat16) for n in range(4)}
+    return TensorDictProducer(identity(index), tensors, ordered=True)
 
 
 def _median_ms(samples: list[float]) -> float:
@@ -121,7 +56,7 @@ def measure(artifacts: int, runs: int, builds: int) -> dict[str, float]:
         probe = FilesystemHostWeightStore(base / "probe")
         deadline = time.monotonic() + 600
         result = probe.get_or_build(
-            BuildRequest(identity(0)), Producer(0), validation=ValidationLevel.MANIFEST_AND_METADATA, deadline=deadline
+            BuildRequest(identity(0)), producer(0), validation=ValidationLevel.MANIFEST_AND_METADATA, deadline=deadline
         )
         assert result.lease is not None
         result.lease.close()
@@ -132,7 +67,7 @@ def measure(artifacts: int, runs: int, builds: int) -> dict[str, float]:
             policy = CapacityPolicy(max_store_bytes=(count + 1) * size + size // 2) if count else None
             runtime = HostWeightRuntime(HostWeightRuntimeConfig(root=root, capacity=policy))
             for index in range(1, count + 2):  # the artifacts plus the one the hits read
-                resolution = runtime.resolve(identity(index), Producer(index))
+                resolution = runtime.resolve(identity(index), producer(index))
                 assert resolution.lease is not None, resolution.report
                 resolution.lease.close()
             hit = identity(count + 1)
@@ -153,7 +88,7 @@ def measure(artifacts: int, runs: int, builds: int) -> dict[str, float]:
             for n in range(builds):
                 index = 100_000 + n
                 started = time.perf_counter()
-                resolution = runtime.resolve(identity(index), Producer(index))
+                resolution = runtime.resolve(identity(index), producer(index))
                 misses.append(time.perf_counter() - started)
                 assert resolution.lease is not None, resolution.report
                 resolution.lease.close()
