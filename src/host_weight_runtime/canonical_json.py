@@ -127,6 +127,13 @@ def is_canonical(data: bytes, value: JsonValue) -> bool:
     return _encode_decoded(value) == data
 
 
+def _check_input(data: object, max_bytes: int) -> None:
+    if not isinstance(data, (bytes, bytearray)):
+        raise ValueError(f"JSON input must be bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise ValueError(f"JSON input is {len(data)} bytes; the limit is {max_bytes}")
+
+
 def decode_canonical_json(data: bytes, *, max_bytes: int = MAX_JSON_BYTES) -> JsonValue:
     """Parse bytes that must be canonical JSON, or raise ValueError (what `decode_json` then `is_canonical` decide).
 
@@ -135,10 +142,7 @@ def decode_canonical_json(data: bytes, *, max_bytes: int = MAX_JSON_BYTES) -> Js
     its per-object duplicate hook; on refusal the strict parser says what exactly is wrong. Depth is
     bounded by the parser's recursion guard only, as `decode_json(max_depth=None)`.
     """
-    if not isinstance(data, (bytes, bytearray)):
-        raise ValueError(f"JSON input must be bytes, got {type(data).__name__}")
-    if len(data) > max_bytes:
-        raise ValueError(f"JSON input is {len(data)} bytes; the limit is {max_bytes}")
+    _check_input(data, max_bytes)
     try:
         value: JsonValue = json.loads(
             bytes(data).decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float
@@ -198,10 +202,7 @@ def decode_json(
     depth walk; extreme nesting still fails, as the parser's recursion guard, with ValueError.
     `floats=False` rejects every non-integer number (for documents that hold none).
     """
-    if not isinstance(data, (bytes, bytearray)):
-        raise ValueError(f"JSON input must be bytes, got {type(data).__name__}")
-    if len(data) > max_bytes:
-        raise ValueError(f"JSON input is {len(data)} bytes; the limit is {max_bytes}")
+    _check_input(data, max_bytes)
     try:
         text = bytes(data).decode("utf-8")
         value: JsonValue = json.loads(
