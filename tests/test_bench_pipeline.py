@@ -38,12 +38,17 @@ RATIOS = {"warm / limit", "first worker / canonical", "hub warm / limit", "hub f
 
 
 @pytest.mark.slow
-def test_pipeline_rows_measure_every_component_and_report_every_goal(tmp_path: Path) -> None:
-    """P02/X01: the warm rows (folder and hub cache) get a LOCAL_HIT for every weighted component, the first
-    workers a canonical load of each on their empty domains, transformer-only the transformer alone; canonical,
-    warm and first workers hold one copy of every weighted component and the limit rows touch the artifacts'
-    bytes; every goal carries a ratio; nothing is left behind."""
+def test_pipeline_rows_measure_every_component_and_report_every_goal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """P02/X01/S08: the node's first hit, untimed, verifies every publication in the background before any timed
+    row (as on a real node, no later warm worker verifies again); the warm rows (folder and hub cache) get a
+    LOCAL_HIT for every weighted component, the first workers a canonical load of each on their empty domains,
+    transformer-only the transformer alone; canonical, warm and first workers hold one copy of every weighted
+    component and the limit rows touch the artifacts' bytes; every goal carries a ratio; nothing is left behind."""
+    monkeypatch.setenv("HWR_BACKGROUND_VERIFY", "once")  # the workers inherit it, as on a node with the default
     report = measure_pipeline_rows(transformer_mib=16, runs=1, workers=1, workdir=tmp_path)
+    assert report["first_hit_verifications"] == ["verified"] * len(WEIGHTED)
     rows, memory = report["rows"], report["memory"]
     assert isinstance(rows, dict) and isinstance(memory, dict)
     assert set(rows) == set(PIPELINE_ROWS + HUB_ROWS) and set(memory) == set(MEMORY_ROWS)
