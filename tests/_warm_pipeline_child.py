@@ -1,4 +1,4 @@
-"""The body of the X01 worker: two warm `load_pipeline` calls in one fresh process, every repeat counted.
+"""The bodies of the X01/X02 workers: `load_pipeline` calls in one fresh process, models and repeats counted.
 
 Module level so spawn can import it. Model constructions are counted with torch's own global
 submodule-registration hook (every model registers its first submodule in its `__init__`), the
@@ -63,6 +63,48 @@ def two_warm_loads(folder: str, store: str, served_classes: list[str], conn: Con
                         "skeletons_built": {name: after.get(name, 0) - built.get(name, 0) for name in after},
                         "repeated": {name: value - before[name] for name, value in _counters().items()},
                         "image_equal": bool(torch.equal(image(loaded.pipeline, "flux"), expected)),
+                    }
+                )
+    finally:
+        handle.remove()
+    conn.send(loads)
+
+
+def first_then_warm(folder: str, store: str, served_classes: list[str], conn: Connection) -> None:
+    """The first worker on an empty domain, then (its publications done) a warm load; models constructed per load."""
+    constructed: dict[int, torch.nn.Module] = {}
+
+    def registered(module: torch.nn.Module, _name: str, _submodule: torch.nn.Module | None) -> None:
+        if type(module).__name__ in served_classes:
+            constructed[id(module)] = module
+
+    handle = torch.nn.modules.module.register_module_module_registration_hook(registered)
+    dtype = pipeline_kind("flux").torch_dtype
+    expected = canonical_image(Path(folder), "flux")
+    loads: list[dict[str, Any]] = []
+    try:
+        for _ in range(2):
+            constructed.clear()
+            built = SKELETON_BUILDS.snapshot()
+            with load_pipeline(folder, torch_dtype=dtype, runtime=runtime_at(Path(store))) as loaded:
+                models: dict[str, int] = {}
+                for model in constructed.values():
+                    models[type(model).__name__] = models.get(type(model).__name__, 0) + 1
+                after = SKELETON_BUILDS.snapshot()
+                publications = [
+                    component.background_publication
+                    for component in loaded.components.values()
+                    if component.background_publication is not None
+                ]
+                loads.append(
+                    {
+                        "outcomes": {name: outcome.value for name, outcome in loaded.outcomes.items()},
+                        "models_constructed": models,
+                        "skeletons_built": {name: after.get(name, 0) - built.get(name, 0) for name in after},
+                        "image_equal": bool(torch.equal(image(loaded.pipeline, "flux"), expected)),
+                        "published": [
+                            publication.wait(600.0) and publication.failure is None for publication in publications
+                        ],
                     }
                 )
     finally:

@@ -23,7 +23,7 @@ from host_weight_runtime.diffusion.source_identity import NodeSourceDigestCache
 from hwr_tools.synthetic_pipelines import pipeline_kind, save_tiny_pipeline
 
 from ._pipelines import runtime_at
-from ._warm_pipeline_child import two_warm_loads
+from ._warm_pipeline_child import first_then_warm, two_warm_loads
 from .support import recv_within, spawned_child
 
 SERVED = {
@@ -58,6 +58,28 @@ def test_a_warm_pipeline_builds_each_skeleton_once_and_repeats_no_cacheable_work
     assert first["binding_renamings"] == 0  # the prewarm recorded both: no conversion mapping is built
     assert first["ownership_discoveries"] == first["manifest_parses"] == first["layout_checks"] == len(SERVED)
     assert second == dict.fromkeys(first, 0)
+
+
+def test_the_first_worker_builds_one_model_per_component_and_publishes_the_keys_a_warm_load_finds(
+    tmp_path: Path,
+) -> None:
+    """X02/X01: the first worker on an empty domain constructs exactly one model per served component (the one
+    `from_pretrained` builds, described for its publication: no `meta` skeleton beside it) and serves it
+    canonically; every background publication completes, and the next load in the process, whose skeletons
+    are built and identified the usual way, finds every component's artifact under the same key (a local
+    hit). Both images equal canonical `from_pretrained` bit for bit (P01)."""
+    folder = save_tiny_pipeline(tmp_path / "flux", "flux")
+    classes = sorted(SERVED.values())
+    with spawned_child(first_then_warm, str(folder), str(tmp_path / "domain"), classes) as conn:
+        first, warm = recv_within(conn, 600.0)
+    one_each = dict.fromkeys(classes, 1)
+    assert first["outcomes"] == dict.fromkeys(SERVED, "canonical_fallback")
+    assert first["models_constructed"] == one_each
+    assert first["skeletons_built"] == {}
+    assert first["published"] == [True] * len(SERVED)
+    assert warm["outcomes"] == dict.fromkeys(SERVED, "local_hit")
+    assert warm["models_constructed"] == warm["skeletons_built"] == one_each
+    assert first["image_equal"] and warm["image_equal"]
 
 
 def test_a_node_record_of_bindings_is_believed_only_when_it_fits_the_skeleton(tmp_path: Path) -> None:

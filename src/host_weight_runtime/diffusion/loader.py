@@ -34,11 +34,12 @@ from ._build_progress import ArrivalChoice, arrival_choice
 from ._load_options import LoadOptions, check_dtype, check_load_arguments, check_parallel, check_variant
 from ._source_prehash import SourcePrehash, cores_free_beside_load
 from .background import BackgroundPublication, in_flight
-from .canonical_step import load_canonical_at, load_canonical_for
+from .canonical_step import load_canonical_at, load_canonical_for, load_canonical_of
 from .canonical_warning import warn_if_canonical
 from .component_source import (
     ComponentLocation,
     checkpoint_source,
+    component_model_class,
     existing_node_digest_cache,
     needs_hashing,
     node_digest_cache,
@@ -56,7 +57,13 @@ from .publish_step import build_artifact, publish_after_canonical_load, start_ba
 from .representation import check_fp8_dtype, check_representation, fp8_skeleton
 from .resolve_step import resolve_component
 from .restore_step import restore_or_fall_back
-from .skeleton import ComponentSkeleton, IdentifiedComponent, identify_component, prepare_skeleton
+from .skeleton import (
+    ComponentSkeleton,
+    IdentifiedComponent,
+    describe_loaded_model,
+    identify_component,
+    prepare_skeleton,
+)
 from .source_identity import PreparedWeightSource
 
 __all__ = ["load_component", "prewarm_component"]
@@ -256,6 +263,8 @@ def _load_through_runtime(
     source = _checkpoint_or_named_source(call)
     _wait_for_own_publication(call, source)
     hash_behind = background and source.use_safetensors and _first_on_node(source, call.runtime)
+    if hash_behind and not call.fp8:
+        return _canonical_then_described(call, source, parallel, identify_started)
     free_cores = cores_free_beside_load() if call.mode is RuntimeMode.PREFERRED and not stream else 0
     prehash = None
     if not hash_behind and source.recorded is None:
@@ -347,17 +356,56 @@ def _first_on_node(source: PreparedWeightSource, runtime: HostWeightRuntime) -> 
     return not runtime.remote_providers and needs_hashing(source, runtime)
 
 
+def _canonical_then_described(
+    call: _ComponentCall, source: PreparedWeightSource, parallel: FinalLayoutParallelIdentity, started: float
+) -> LoadedComponent:
+    """The first worker on a node: the canonical model now, described for the artifact a thread builds after it.
+
+    The model `from_pretrained` built is described (request, bindings, tensor ownership) before it is
+    handed out, so no `meta` skeleton is built beside it. What an artifact cannot reproduce (a checkpoint
+    a transformers model cannot be bound to, say) is found then, and the model is served unpublished.
+    """
+    try:
+        family, model_class = component_model_class(source, call.family, call.stopwatch.clock)
+    except HostWeightError as exc:
+        return _identity_fallback(call, exc, source, started, None)
+    loading = time.monotonic()
+    model = load_canonical_of(family, model_class, source, call.location, call.options)
+    canonical_s = time.monotonic() - loading
+    try:
+        described = describe_loaded_model(
+            call.location,
+            call.options,
+            parallel,
+            model,
+            family=family,
+            model_class=model_class,
+            source=source,
+            records=existing_node_digest_cache(call.runtime),
+        )
+    except HostWeightError as exc:
+        return _identity_fallback(call, exc, source, started, model)
+    return _hash_in_background(call, described, model, canonical_s)
+
+
 def _canonical_then_hash_in_background(call: _ComponentCall, skeleton: ComponentSkeleton) -> LoadedComponent:
-    """The canonical model now; hashing and the build move to the background publication, started after it.
+    """The canonical model now (an FP8 one: beside its FP8 skeleton); hashing and the build on a thread after it.
 
     Started before the load, the thread slowed the load and published no sooner on a shared 2-core VM.
     """
     loading = time.monotonic()
     model = load_canonical_for(skeleton, fp8=call.fp8)
+    return _hash_in_background(call, skeleton, model, time.monotonic() - loading)
+
+
+def _hash_in_background(
+    call: _ComponentCall, skeleton: ComponentSkeleton, model: torch.nn.Module, canonical_s: float
+) -> LoadedComponent:
+    """Serve the canonical `model`; the background publication hashes the checkpoint and builds its artifact."""
     publication = start_background_publication(
         skeleton,
         call.runtime,
-        canonical_s=time.monotonic() - loading,
+        canonical_s=canonical_s,
         source=_source_name(call, skeleton.source),
     )
     skipped = ResolutionAttempt(

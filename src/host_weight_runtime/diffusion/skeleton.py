@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ from .component_source import (
 from .contracts import (
     FINAL_LAYOUT_BF16_POLICY,
     FinalLayoutLoaderIdentity,
+    FinalLayoutModelContract,
     FinalLayoutParallelIdentity,
     FinalLayoutRequest,
     FinalLayoutTensorPolicy,
@@ -45,6 +46,7 @@ from .identity_adapter import (
 from .model_contracts import contract_for_model
 from .model_family import ImportClock, ModelFamily
 from .source_identity import NodeSourceDigestCache, PreparedWeightSource
+from .tensor_layout import TensorOwnership
 
 __all__ = [
     "LOADER_ID",
@@ -52,6 +54,7 @@ __all__ = [
     "ComponentHolder",
     "ComponentSkeleton",
     "IdentifiedComponent",
+    "describe_loaded_model",
     "identify_component",
     "loader_identity",
     "prepare_skeleton",
@@ -112,6 +115,9 @@ class ComponentSkeleton:
     """Final-layout name -> owner of each tie the model declares (keyed, stored once)."""
     checkpoint_keys: Mapping[str, str] = field(default_factory=dict)
     """Final-layout name -> checkpoint key, where the family renames checkpoint keys."""
+    discovered: tuple[TensorOwnership, tuple[FinalLayoutModelContract, ...]] | None = None
+    """The tensor ownership and contracts under `policy`, where they were read while `model` was private
+    (a canonically loaded model described for its background publication); None: discovered when identified."""
 
     @property
     def component_name(self) -> str:
@@ -192,6 +198,47 @@ def prepare_skeleton(
     with usage_errors():
         model = family.build_skeleton(model_class, source.resolved_root, location.name_or_path, options.dtype)
     SKELETON_BUILDS.count(model_class)
+    return _describe(
+        location, options, parallel, model, family=family, model_class=model_class, source=source, records=records
+    )
+
+
+def describe_loaded_model(
+    location: ComponentLocation,
+    options: LoadOptions,
+    parallel: FinalLayoutParallelIdentity,
+    model: torch.nn.Module,
+    *,
+    family: ModelFamily,
+    model_class: type[Any],
+    source: PreparedWeightSource,
+    records: NodeSourceDigestCache | None = None,
+) -> ComponentSkeleton:
+    """A canonically loaded model described as its skeleton would be, with its tensor ownership discovered now.
+
+    The first worker on a node describes the model `from_pretrained` built instead of building a second
+    one: ownership reads only names, shapes and dtypes, which a loaded model and a `meta` skeleton share,
+    so the identity (and key) is the same. Call it before the model is handed out: what it keeps is read
+    from the model now, and the background publication reads nothing of it later but its type.
+    """
+    described = _describe(
+        location, options, parallel, model, family=family, model_class=model_class, source=source, records=records
+    )
+    return replace(described, discovered=_discovered(described, described.policy))
+
+
+def _describe(
+    location: ComponentLocation,
+    options: LoadOptions,
+    parallel: FinalLayoutParallelIdentity,
+    model: torch.nn.Module,
+    *,
+    family: ModelFamily,
+    model_class: type[Any],
+    source: PreparedWeightSource,
+    records: NodeSourceDigestCache | None,
+) -> ComponentSkeleton:
+    """The request, contract and checkpoint bindings of `model` (a skeleton, or a canonically loaded model)."""
     holder = ComponentHolder()
     holder.add_module(location.component_name, model)
     contract = contract_for_model(model, options.dtype)
@@ -232,19 +279,12 @@ def identify_component(
     (`_ownership_plans`): a later load of the same component builds the same skeleton.
     """
     chosen = skeleton.policy if policy is None else policy
-    dit_modules = [(skeleton.component_name, skeleton.model)]
-    # The contracts are looked up on every load, so a replaced validator is the one that checks the restore;
-    # they are part of the plan's key because their FP32 modules shape the ownership.
-    contracts = model_contracts(dit_modules, chosen)
-    key = (
-        ownership_plan_key(skeleton.model, skeleton.component_name, skeleton.request, chosen, skeleton.aliases),
-        contracts,
-    )
-    ownership, _kept = OWNERSHIP_PLANS.plan(key, lambda: discover_final_layout(dit_modules, chosen, skeleton.aliases))
-    discovered = (ownership, contracts)
+    discovered = skeleton.discovered
+    if discovered is None or chosen is not skeleton.policy:
+        discovered = _discovered(skeleton, chosen)
     context = build_final_layout_identity(
         skeleton.holder,
-        dit_modules=dit_modules,
+        dit_modules=[(skeleton.component_name, skeleton.model)],
         prepared_sources=[skeleton.source],
         request=skeleton.request,
         policy=chosen,
@@ -254,3 +294,19 @@ def identify_component(
         discovered=discovered,
     )
     return IdentifiedComponent(skeleton, context)
+
+
+def _discovered(
+    skeleton: ComponentSkeleton, policy: FinalLayoutTensorPolicy
+) -> tuple[TensorOwnership, tuple[FinalLayoutModelContract, ...]]:
+    """The skeleton's tensor ownership under `policy`, and each model's contract (kept per process, by kind)."""
+    dit_modules = [(skeleton.component_name, skeleton.model)]
+    # The contracts are looked up on every load, so a replaced validator is the one that checks the restore;
+    # they are part of the plan's key because their FP32 modules shape the ownership.
+    contracts = model_contracts(dit_modules, policy)
+    key = (
+        ownership_plan_key(skeleton.model, skeleton.component_name, skeleton.request, policy, skeleton.aliases),
+        contracts,
+    )
+    ownership, _kept = OWNERSHIP_PLANS.plan(key, lambda: discover_final_layout(dit_modules, policy, skeleton.aliases))
+    return ownership, contracts
