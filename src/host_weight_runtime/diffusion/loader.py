@@ -370,7 +370,10 @@ def _canonical_then_described(
     except HostWeightError as exc:
         return _identity_fallback(call, exc, source, started, None)
     loading = time.monotonic()
-    model = load_canonical_of(family, model_class, source, call.location, call.options)
+    try:
+        model = load_canonical_of(family, model_class, source, call.location, call.options)
+    except HostWeightError as canonical_failure:
+        return _diagnosed_by_skeleton(call, source, parallel, started, canonical_failure)
     canonical_s = time.monotonic() - loading
     try:
         described = describe_loaded_model(
@@ -386,6 +389,30 @@ def _canonical_then_described(
     except HostWeightError as exc:
         return _identity_fallback(call, exc, source, started, model)
     return _hash_in_background(call, described, model, canonical_s)
+
+
+def _diagnosed_by_skeleton(
+    call: _ComponentCall,
+    source: PreparedWeightSource,
+    parallel: FinalLayoutParallelIdentity,
+    started: float,
+    canonical_failure: HostWeightError,
+) -> LoadedComponent:
+    """A first worker whose canonical load failed: the skeleton's own refusal, where it has one, is what the
+    caller gets (it says which config or file to fix, as every other load says it); else the load's."""
+    try:
+        prepare_skeleton(
+            call.location,
+            call.options,
+            parallel,
+            family=call.family,
+            clock=call.stopwatch.clock,
+            source=source,
+            records=existing_node_digest_cache(call.runtime),
+        )
+    except HostWeightError as exc:
+        return _identity_fallback(call, exc, source, started, None)
+    raise canonical_failure
 
 
 def _canonical_then_hash_in_background(call: _ComponentCall, skeleton: ComponentSkeleton) -> LoadedComponent:

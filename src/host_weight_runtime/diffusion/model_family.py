@@ -116,22 +116,32 @@ class ModelFamily(Protocol):
 @contextmanager
 def canonical_load_errors(library: str, root: Path, broken_config: tuple[type[BaseException], ...]) -> Iterator[None]:
     """Around a library's `from_pretrained`: what it raises about the folder leaves typed (an OS error as
-    CANONICAL_SOURCE_FAILED, a checkpoint that does not match its config as a usage error)."""
+    CANONICAL_SOURCE_FAILED, a checkpoint that does not match its config as a usage error).
+
+    A failed load leaves torch's default dtype as it found it: diffusers sets it to `torch_dtype` before
+    it builds the model and restores it only when the build succeeds, so a config it cannot build would
+    leave every later model of the process in BF16.
+    """
+    previous = torch.get_default_dtype()
     try:
-        yield
-    except HostWeightError:
+        try:
+            yield
+        except HostWeightError:
+            raise
+        except OSError as exc:
+            raise raise_failure(
+                ResolutionStage.CANONICAL,
+                FailureCode.CANONICAL_SOURCE_FAILED,
+                f"{library} could not read the checkpoint in {root}: {exc}; check the files "
+                "(re-download a damaged one) and that they are readable",
+                exception=type(exc).__name__,
+            ) from exc
+        except broken_config as exc:
+            raise usage_error(
+                f"{library} could not load {root} ({type(exc).__name__}: {exc}); the checkpoint does "
+                "not match its config.json: fix or re-download the model folder",
+                code=FailureCode.CANONICAL_SOURCE_FAILED,
+            ) from exc
+    except BaseException:
+        torch.set_default_dtype(previous)
         raise
-    except OSError as exc:
-        raise raise_failure(
-            ResolutionStage.CANONICAL,
-            FailureCode.CANONICAL_SOURCE_FAILED,
-            f"{library} could not read the checkpoint in {root}: {exc}; check the files "
-            "(re-download a damaged one) and that they are readable",
-            exception=type(exc).__name__,
-        ) from exc
-    except broken_config as exc:
-        raise usage_error(
-            f"{library} could not load {root} ({type(exc).__name__}: {exc}); the checkpoint does "
-            "not match its config.json: fix or re-download the model folder",
-            code=FailureCode.CANONICAL_SOURCE_FAILED,
-        ) from exc
