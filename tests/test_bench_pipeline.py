@@ -45,9 +45,10 @@ def test_pipeline_rows_measure_every_component_and_report_every_goal(
     row (as on a real node, no later warm worker verifies again); the warm rows (folder and hub cache) get a
     LOCAL_HIT for every weighted component, the first workers a canonical load of each on their empty domains,
     transformer-only the transformer alone; canonical, warm and first workers hold one copy of every weighted
-    component and the limit rows touch the artifacts' bytes; every goal carries a ratio; nothing is left behind."""
+    component and the limit rows touch the artifacts' bytes; every goal carries a ratio; nothing is left behind
+    (with the checkpoint evicted from the page cache before every row that reads it, `--cold-cache`)."""
     monkeypatch.setenv("HWR_BACKGROUND_VERIFY", "once")  # the workers inherit it, as on a node with the default
-    report = measure_pipeline_rows(transformer_mib=16, runs=1, workers=1, workdir=tmp_path)
+    report = measure_pipeline_rows(transformer_mib=16, runs=1, workers=1, workdir=tmp_path, cold_cache=True)
     assert report["first_hit_verifications"] == ["verified"] * len(WEIGHTED)
     rows, memory = report["rows"], report["memory"]
     assert isinstance(rows, dict) and isinstance(memory, dict)

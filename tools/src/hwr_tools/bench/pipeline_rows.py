@@ -47,6 +47,7 @@ import torch
 
 from ..common import JsonValue, remove_tree
 from ..memory import memory_rollup
+from .batch import evict_from_page_cache
 from .measure import touch_model
 from .stats import Stats
 
@@ -79,6 +80,8 @@ HUB_ROWS = (HUB_CANONICAL, HUB_WARM, HUB_LIMIT, HUB_FIRST_WORKER)
 MEMORY_ROWS = (CANONICAL, TRANSFORMER_ONLY, WARM, VIEWS)
 """The rows whose workers' PSS is also measured as a group."""
 _FIRST_ROWS = (FIRST_WORKER, HUB_FIRST_WORKER)
+_CHECKPOINT_ROWS = (CANONICAL, HUB_CANONICAL, TRANSFORMER_ONLY, *_FIRST_ROWS)
+"""The rows that read the checkpoint (what `--cold-cache` evicts before each of them)."""
 WARM_VIEWS_TARGET = 1.2
 WARM_LIMIT_TARGET = 1.25
 FIRST_CANONICAL_TARGET = 1.1
@@ -324,6 +327,15 @@ class _Setup:
     hub: Path | None = None
     scratch: Path | None = None
     """Where a first-worker row makes its empty domain (one per run, removed after it)."""
+    cold: bool = False
+    """Evict the checkpoint's files from the page cache before every row that reads them."""
+
+    def checkpoint_files(self) -> list[Path]:
+        """The weight files a canonical load reads: the folder's, and the hub cache's blobs."""
+        files = [path for path in self.folder.glob("*/*.safetensors") if path.is_file()]
+        if self.hub is not None:
+            files += [path for path in self.hub.glob("*/blobs/*") if path.is_file()]
+        return files
 
     def worker(self, row: str, root: Path | None = None) -> _Worker:
         if row.startswith("hub-"):
@@ -334,6 +346,8 @@ class _Setup:
 
 def _solo_run(setup: _Setup, row: str) -> dict[str, Any]:
     """One fresh worker of `row`, held while its PSS is read; a first worker gets an empty domain of its own."""
+    if setup.cold and row in _CHECKPOINT_ROWS:
+        evict_from_page_cache(setup.checkpoint_files())
     empty = None
     if row in _FIRST_ROWS:
         empty = Path(tempfile.mkdtemp(prefix="first-", dir=setup.scratch or setup.root.parent)) / "domain"
@@ -352,7 +366,7 @@ def _solo_run(setup: _Setup, row: str) -> dict[str, Any]:
             remove_tree(empty.parent)
 
 
-def _settle(setup: _Setup, row: str) -> list[str]:
+def _settle(setup: _Setup, row: str) -> list[JsonValue]:
     """The node's first hit, untimed: one warm worker that waits until its background verifications end.
 
     The first hit of each publication on a node re-hashes it once on a thread (HWR_BACKGROUND_VERIFY=once)
@@ -412,6 +426,7 @@ def measure_pipeline_rows(
     workdir: Path | None = None,
     timeout_s: float = 600.0,
     hub: bool = True,
+    cold_cache: bool = False,
     say: Callable[[str], None] = lambda _line: None,
 ) -> dict[str, JsonValue]:
     """Build the pipeline, prewarm it, measure every row (`hub`: the hub-cache rows too); remove everything made."""
@@ -439,7 +454,7 @@ def measure_pipeline_rows(
         prewarmed = prewarm_pipeline(folder, runtime=_runtime(str(root)))
         rows = PIPELINE_ROWS + (HUB_ROWS if hub else ())
         with (disk_dir / "workers.log").open("wb") as log:
-            setup = _Setup(folder, root, log, timeout_s, hub_cache, shm_dir)
+            setup = _Setup(folder, root, log, timeout_s, hub_cache, shm_dir, cold=cold_cache)
             first_hit = _settle(setup, WARM)
             say(f"pipeline rows: the node's first hit verified {len(first_hit)} publication(s) in the background")
             say(f"pipeline rows: {runs} rounds of {len(rows)} rows, alternating")
@@ -593,6 +608,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="rounds; each runs every row once, alternating")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--no-hub", action="store_true", help="only the rows that load from the folder")
+    parser.add_argument(
+        "--cold-cache",
+        action="store_true",
+        help="evict the checkpoint from the page cache before every row that reads it (where the checkpoint, "
+        "the artifacts and a loaded model do not all fit in memory, the only state every row can start from)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.worker is not None:
@@ -603,7 +624,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line, file=sys.stderr, flush=True)
 
     report = measure_pipeline_rows(
-        transformer_mib=args.transformer_mib, runs=args.runs, workers=args.workers, hub=not args.no_hub, say=progress
+        transformer_mib=args.transformer_mib,
+        runs=args.runs,
+        workers=args.workers,
+        hub=not args.no_hub,
+        cold_cache=args.cold_cache,
+        say=progress,
     )
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
