@@ -60,9 +60,10 @@ from .restore_step import restore_or_fall_back
 from .skeleton import (
     ComponentSkeleton,
     IdentifiedComponent,
-    describe_loaded_model,
+    describe_model,
     identify_component,
     prepare_skeleton,
+    with_ownership,
 )
 from .source_identity import PreparedWeightSource
 
@@ -270,15 +271,7 @@ def _load_through_runtime(
     if not hash_behind and source.recorded is None:
         prehash = _start_prehash(source, call.runtime, threads=min(free_cores, default_hash_threads()) or None)
     try:
-        skeleton = prepare_skeleton(
-            call.location,
-            call.options,
-            parallel,
-            family=call.family,
-            clock=call.stopwatch.clock,
-            source=source,
-            records=existing_node_digest_cache(call.runtime),
-        )
+        skeleton = _prepare_skeleton(call, source, parallel)
         if call.fp8:
             skeleton = fp8_skeleton(skeleton)
     except HostWeightError as exc:
@@ -376,15 +369,17 @@ def _canonical_then_described(
         return _diagnosed_by_skeleton(call, source, parallel, started, canonical_failure)
     canonical_s = time.monotonic() - loading
     try:
-        described = describe_loaded_model(
-            call.location,
-            call.options,
-            parallel,
-            model,
-            family=family,
-            model_class=model_class,
-            source=source,
-            records=existing_node_digest_cache(call.runtime),
+        described = with_ownership(
+            describe_model(
+                call.location,
+                call.options,
+                parallel,
+                model,
+                family=family,
+                model_class=model_class,
+                source=source,
+                records=existing_node_digest_cache(call.runtime),
+            )
         )
     except HostWeightError as exc:
         return _identity_fallback(call, exc, source, started, model)
@@ -401,18 +396,24 @@ def _diagnosed_by_skeleton(
     """A first worker whose canonical load failed: the skeleton's own refusal, where it has one, is what the
     caller gets (it says which config or file to fix, as every other load says it); else the load's."""
     try:
-        prepare_skeleton(
-            call.location,
-            call.options,
-            parallel,
-            family=call.family,
-            clock=call.stopwatch.clock,
-            source=source,
-            records=existing_node_digest_cache(call.runtime),
-        )
+        _prepare_skeleton(call, source, parallel)
     except HostWeightError as exc:
         return _identity_fallback(call, exc, source, started, None)
     raise canonical_failure
+
+
+def _prepare_skeleton(
+    call: _ComponentCall, source: PreparedWeightSource, parallel: FinalLayoutParallelIdentity
+) -> ComponentSkeleton:
+    return prepare_skeleton(
+        call.location,
+        call.options,
+        parallel,
+        family=call.family,
+        clock=call.stopwatch.clock,
+        source=source,
+        records=existing_node_digest_cache(call.runtime),
+    )
 
 
 def _canonical_then_hash_in_background(call: _ComponentCall, skeleton: ComponentSkeleton) -> LoadedComponent:

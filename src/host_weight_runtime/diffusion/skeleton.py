@@ -54,10 +54,11 @@ __all__ = [
     "ComponentHolder",
     "ComponentSkeleton",
     "IdentifiedComponent",
-    "describe_loaded_model",
+    "describe_model",
     "identify_component",
     "loader_identity",
     "prepare_skeleton",
+    "with_ownership",
 ]
 
 _KEY_MAPPING = {
@@ -198,36 +199,12 @@ def prepare_skeleton(
     with usage_errors():
         model = family.build_skeleton(model_class, source.resolved_root, location.name_or_path, options.dtype)
     SKELETON_BUILDS.count(model_class)
-    return _describe(
+    return describe_model(
         location, options, parallel, model, family=family, model_class=model_class, source=source, records=records
     )
 
 
-def describe_loaded_model(
-    location: ComponentLocation,
-    options: LoadOptions,
-    parallel: FinalLayoutParallelIdentity,
-    model: torch.nn.Module,
-    *,
-    family: ModelFamily,
-    model_class: type[Any],
-    source: PreparedWeightSource,
-    records: NodeSourceDigestCache | None = None,
-) -> ComponentSkeleton:
-    """A canonically loaded model described as its skeleton would be, with its tensor ownership discovered now.
-
-    The first worker on a node describes the model `from_pretrained` built instead of building a second
-    one: ownership reads only names, shapes and dtypes, which a loaded model and a `meta` skeleton share,
-    so the identity (and key) is the same. Call it before the model is handed out: what it keeps is read
-    from the model now, and the background publication reads nothing of it later but its type.
-    """
-    described = _describe(
-        location, options, parallel, model, family=family, model_class=model_class, source=source, records=records
-    )
-    return replace(described, discovered=_discovered(described, described.policy))
-
-
-def _describe(
+def describe_model(
     location: ComponentLocation,
     options: LoadOptions,
     parallel: FinalLayoutParallelIdentity,
@@ -238,7 +215,11 @@ def _describe(
     source: PreparedWeightSource,
     records: NodeSourceDigestCache | None,
 ) -> ComponentSkeleton:
-    """The request, contract and checkpoint bindings of `model` (a skeleton, or a canonically loaded model)."""
+    """The request, contract and checkpoint bindings of `model`: a `meta` skeleton, or a canonically loaded model.
+
+    The first worker on a node describes the model `from_pretrained` built instead of building a second one
+    (`with_ownership` then reads its tensor ownership before the model is handed out).
+    """
     holder = ComponentHolder()
     holder.add_module(location.component_name, model)
     contract = contract_for_model(model, options.dtype)
@@ -310,3 +291,13 @@ def _discovered(
     )
     ownership, _kept = OWNERSHIP_PLANS.plan(key, lambda: discover_final_layout(dit_modules, policy, skeleton.aliases))
     return ownership, contracts
+
+
+def with_ownership(described: ComponentSkeleton) -> ComponentSkeleton:
+    """The description with its tensor ownership discovered now, for a model about to be handed out.
+
+    Ownership reads only names, shapes and dtypes, which a loaded model and a `meta` skeleton share, so
+    the identity (and key) is the same; the background publication then reads nothing of the model but
+    its type.
+    """
+    return replace(described, discovered=_discovered(described, described.policy))

@@ -379,13 +379,13 @@ def _settle(setup: _Setup, row: str) -> list[JsonValue]:
         worker.say("go")
         worker.read("ready")
         worker.say("settle")
-        states = worker.read("settled")["verifications"]
+        states: list[JsonValue] = worker.read("settled")["verifications"]
     finally:
         worker.close()
     failed = [state for state in states if state not in ("verified", "skipped")]
     if failed:
         raise RuntimeError(f"the first hit's background verifications ended {failed}; the artifacts are not sound")
-    return [str(state) for state in states]
+    return states
 
 
 def _rounds(setup: _Setup, rows: Sequence[str], runs: int) -> dict[str, list[dict[str, Any]]]:
