@@ -76,7 +76,7 @@ def test_readme_background_example_publishes_at_exit_in_a_script_that_just_ends(
 
 
 def test_a_skipped_lookup_is_canonical_fallback_with_one_skipped_attempt(tmp_path: Path, pipeline: Path) -> None:
-    """D14 (background): on a node that never hashed the checkpoint the lookup is skipped; the outcome is still a
+    """D14 (background): on a node where no worker identified the checkpoint the lookup is skipped; the outcome is still a
     ResolutionOutcome (CANONICAL_FALLBACK) whose one attempt says why, so the README's print works."""
     runtime = runtime_at(tmp_path / "domain")
     with load_component(pipeline, subfolder=SUBFOLDER, runtime=runtime, publish_in_background=True) as loaded:
@@ -90,7 +90,7 @@ def test_a_skipped_lookup_is_canonical_fallback_with_one_skipped_attempt(tmp_pat
         AttemptResult.SKIPPED,
         AttemptAction.FALL_BACK,
     )
-    assert "never hashed" in attempt.detail
+    assert "no worker of this node has identified" in attempt.detail
     assert loaded.resolution.identity_key == "" and loaded.identity_key is None
     assert loaded.summary()["outcome"] == "canonical_fallback"
 

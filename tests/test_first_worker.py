@@ -21,7 +21,13 @@ import torch
 
 from host_weight_runtime._faults import Fault, FaultAction, arm, disarm_all
 from host_weight_runtime.config import HostWeightRuntimeConfig, RuntimeMode
-from host_weight_runtime.diffusion import ComponentLoadPath, LoadedComponent, load_component, load_pipeline
+from host_weight_runtime.diffusion import (
+    ComponentLoadPath,
+    LoadedComponent,
+    load_component,
+    load_pipeline,
+    prewarm_component,
+)
 from host_weight_runtime.diffusion._build_progress import (
     ArrivalChoice,
     BuildProgress,
@@ -170,10 +176,11 @@ def test_a_first_load_component_returns_before_hashing_or_publication_starts(
 
 
 def test_a_first_load_pipeline_from_a_hub_cache_returns_before_any_publication(tmp_path: Path) -> None:
-    """X02/P01/P02: with default settings, a pipeline from a hub cache snapshot (keys free from the blob names) looks
-    up first, misses, and returns its canonical components while the publications, started only once the pipeline
-    is assembled and run one after another, are held; released, every artifact appears complete and a fresh
-    process's load_pipeline is all LOCAL_HIT with an image bit-identical to diffusers'."""
+    """X02/P01/P02: with default settings, a pipeline from a hub cache snapshot no worker of this node identified
+    skips the lookup (its key is free from the blob names, but no artifact can exist) and returns its canonical
+    components while the publications, started only once the pipeline is assembled and run one after another, are
+    held before they identify anything; released, every artifact appears complete and a fresh process's
+    load_pipeline is all LOCAL_HIT with an image bit-identical to diffusers'."""
     folder = save_tiny_pipeline(tmp_path / "flux", "flux", seed=5)
     cache = tmp_path / "hub"
     snapshot = save_hub_snapshot(cache, REPO_ID, folder)
@@ -184,10 +191,11 @@ def test_a_first_load_pipeline_from_a_hub_cache_returns_before_any_publication(t
         assert reached.wait(WAIT_S)
         for name, component in loaded.components.items():
             assert component.load_path is ComponentLoadPath.CANONICAL, name
-            assert component.resolution.attempts[0].result is AttemptResult.MISS, name
+            assert [attempt.result for attempt in component.resolution.attempts] == [AttemptResult.SKIPPED], name
             assert component.publication is None
             assert component.background_publication is not None and not component.background_publication.done
         assert artifact_keys(root) == []
+        assert not list((root / "source-digests-v1" / "seen").glob("*.seen"))  # nothing identified yet
     finally:
         release.set()
     expected = canonical_image(snapshot, "flux")
@@ -201,6 +209,45 @@ def test_a_first_load_pipeline_from_a_hub_cache_returns_before_any_publication(t
         outcomes = recv_within(conn)
     assert isinstance(outcomes, dict) and set(outcomes.values()) == {ResolutionOutcome.LOCAL_HIT.value}
     assert torch.equal(torch.load(tmp_path / "image.pt", weights_only=True), expected)
+
+
+def test_a_hub_snapshot_prewarmed_here_is_looked_up_and_hit_by_its_first_load(tmp_path: Path, pipeline: Path) -> None:
+    """X02/D14: prewarm_component identifies the snapshot's files before it builds (marking them seen), so the
+    first load_component of that snapshot looks up and is a LOCAL_HIT; with the marks removed, the same load skips
+    the lookup, which shows the marks are what decides."""
+    cache = tmp_path / "hub"
+    save_hub_snapshot(cache, REPO_ID, pipeline)
+    root = tmp_path / "domain"
+    prewarm_component(REPO_ID, subfolder=SUBFOLDER, cache_dir=cache, runtime=_runtime(root))
+    seen = root / "source-digests-v1" / "seen"
+    assert len(list(seen.glob("*.seen"))) == 1
+    with load_component(REPO_ID, subfolder=SUBFOLDER, cache_dir=cache, runtime=_runtime(root)) as loaded:
+        assert loaded.outcome is ResolutionOutcome.LOCAL_HIT
+    for marker in seen.glob("*.seen"):
+        marker.unlink()
+    with load_component(REPO_ID, subfolder=SUBFOLDER, cache_dir=cache, runtime=_runtime(root)) as skipped:
+        assert [attempt.result for attempt in skipped.resolution.attempts] == [AttemptResult.SKIPPED]
+        background = skipped.background_publication
+        assert background is not None and background.wait(WAIT_S) and background.failure is None
+    assert len(_ready(root)) == 1  # the publication behind found the artifact: still one
+
+
+def test_a_folder_identified_here_makes_a_hub_snapshot_of_the_same_bytes_look_up(
+    tmp_path: Path, pipeline: Path, canonical_output: torch.Tensor
+) -> None:
+    """X02/D05: the seen marks hold content ids as the key spells them, so after a first worker published from a
+    plain folder, the first load of a hub snapshot of the same files (a blob name is its SHA-256) looks up and is
+    served from that artifact, bit-identical."""
+    root = tmp_path / "domain"
+    with load_component(pipeline, subfolder=SUBFOLDER, runtime=_runtime(root)) as first:
+        background = first.background_publication
+        assert background is not None and background.wait(WAIT_S) and background.failure is None
+    cache = tmp_path / "hub"
+    save_hub_snapshot(cache, REPO_ID, pipeline)
+    with load_component(REPO_ID, subfolder=SUBFOLDER, cache_dir=cache, runtime=_runtime(root)) as loaded:
+        assert loaded.outcome is ResolutionOutcome.LOCAL_HIT
+        assert torch.equal(flux_forward(loaded.model), canonical_output)
+    assert len(_ready(root)) == 1
 
 
 def _pipeline_in_child(root: str, cache: str, out: str, conn: Connection) -> None:

@@ -6,6 +6,9 @@
       headers/<key>.ok     empty: a worker checked this file's safetensors header in this state
       derived/<key>.json   canonical JSON {"key", "value"}: a result some worker computed from exactly what
                            <key> digests (a transformers skeleton's checkpoint bindings), so the next skips it
+      seen/<id>.seen       empty: some worker of this node built an identity from a file with this content id
+                           (<id> is the SHA-256 of the id as the key spells it); written before any lookup or
+                           build under that identity, so a content id without one has no artifact here
 
 where <key> is the SHA-256 of the file's realpath and stat state (a header marker's key also
 names the check's version). The cache is an optimisation only: a damaged entry is recomputed,
@@ -16,12 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import hashlib
 import logging
 import os
 import re
 import stat
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,7 +96,16 @@ def _parse_entry(data: bytes, expected: dict[str, JsonValue]) -> _EntryRead:
 class NodeSourceDigestCache:
     """Share content-backed local-source fingerprints across node workers."""
 
-    __slots__ = ("_counter_guard", "derived", "entries", "hashes_computed", "headers", "locks", "timeout_seconds")
+    __slots__ = (
+        "_counter_guard",
+        "derived",
+        "entries",
+        "hashes_computed",
+        "headers",
+        "locks",
+        "seen",
+        "timeout_seconds",
+    )
 
     def __init__(self, root: Path, *, timeout_seconds: float = 30.0) -> None:
         if not isinstance(root, Path):
@@ -102,6 +116,7 @@ class NodeSourceDigestCache:
         self.locks = root / _CACHE_DIR / "locks"
         self.headers = root / _CACHE_DIR / "headers"
         self.derived = root / _CACHE_DIR / "derived"
+        self.seen = root / _CACHE_DIR / "seen"
         self.timeout_seconds = float(timeout_seconds)
         self.hashes_computed = 0
         self._counter_guard = threading.Lock()
@@ -196,6 +211,33 @@ class NodeSourceDigestCache:
         except OSError as exc:
             _LOG.info("source digest cache: could not record the checked header of %s (%s)", path, exc)
 
+    def seen_marker(self, content_id: str) -> Path:
+        """The marker saying some worker of this node identified a source file with this content id."""
+        return self.seen / f"{hashlib.sha256(content_id.encode()).hexdigest()}.seen"
+
+    def content_seen(self, content_id: str) -> bool:
+        """Whether a worker of this node built an identity from this content; False where the cache is unusable."""
+        try:
+            self._prepare_dirs()  # a marker in a directory another user could write must not be believed
+            return os.path.lexists(self.seen_marker(content_id))
+        except OSError:
+            return False
+
+    def record_content_seen(self, content_ids: Iterable[str]) -> None:
+        """Mark these content ids as identified here, before any lookup or build under their identity.
+
+        A marker that cannot be written is logged: the next first worker on the node then skips a lookup
+        that could have hit, which costs it a canonical load, never a wrong weight.
+        """
+        try:
+            self._prepare_dirs()
+            for content_id in content_ids:
+                marker = self.seen_marker(content_id)
+                if not os.path.lexists(marker):
+                    write_file_atomic(marker, b"", mode=0o600)
+        except OSError as exc:
+            _LOG.warning("source digest cache: could not record identified sources in %s (%s)", self.seen, exc)
+
     def derived_value(self, key: str) -> JsonValue | None:
         """The value recorded under `key` (the SHA-256 hex of what it was computed from), or None; never raises."""
         if not _HEX_KEY.fullmatch(key):
@@ -249,7 +291,7 @@ class NodeSourceDigestCache:
     def _prepare_dirs(self) -> None:
         """Create the private cache directories and refuse ones another user could write."""
         base = self.entries.parent
-        for directory in (base, self.entries, self.locks, self.headers, self.derived):
+        for directory in (base, self.entries, self.locks, self.headers, self.derived, self.seen):
             try:
                 info = os.lstat(directory)
             except FileNotFoundError:

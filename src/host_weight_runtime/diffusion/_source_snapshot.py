@@ -145,15 +145,28 @@ class FinalLayoutSourceContext:
 
 def is_content_id_known(path: Path, cache: NodeSourceDigestCache | None) -> bool:
     """Whether the file's content id comes without hashing: a trusted hub blob name, or a cache entry."""
-    if hub_blob_content_id(path) is not None:
-        return True
-    if cache is None:
-        return False
+    return _free_content_id(path, cache) is not None
+
+
+def is_content_id_seen(path: Path, cache: NodeSourceDigestCache) -> bool:
+    """Whether some worker of this node built an identity from this file's content (`snapshot_sources` marks it).
+
+    False where the content id would need hashing: a file this node never hashed was never identified here.
+    """
+    content_id = _free_content_id(path, cache)
+    return content_id is not None and cache.content_seen(key_content_id(content_id))
+
+
+def _free_content_id(path: Path, cache: NodeSourceDigestCache | None) -> str | None:
+    """The file's content id where it comes without hashing (a trusted hub blob name, a cache entry), else None."""
+    content_id = hub_blob_content_id(path)
+    if content_id is not None or cache is None:
+        return content_id
     try:
         state = stat_source(path, "does not exist")
     except HostWeightError:
-        return False
-    return cache.cached_content_id(path, state) is not None
+        return None
+    return cache.cached_content_id(path, state)
 
 
 def _known_content_id(path: Path, cache: NodeSourceDigestCache | None) -> tuple[FileState, str] | None:
@@ -239,4 +252,7 @@ def snapshot_sources(
         for (index, path), (state, content_id) in zip(jobs, results, strict=True)
     )
     fingerprint = canonical_sha256(sources_document(sources, records))
+    if cache is not None:
+        # Before any lookup or build under this identity: a content id without a marker has no artifact here.
+        cache.record_content_seen(key_content_id(record.content_id) for record in records)
     return FinalLayoutSourceContext(sources, records, fingerprint)

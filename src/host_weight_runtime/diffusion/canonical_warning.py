@@ -52,9 +52,8 @@ def canonical_reason(loaded: LoadedComponent) -> str:
     skipped = [attempt.detail for attempt in report.attempts if attempt.result is AttemptResult.SKIPPED]
     if skipped and skipped[0] and not loaded.identity_key:
         if loaded.background_publication is not None:
-            return "this node has never hashed these checkpoint files, so it holds no artifact for them yet" + (
-                _publication(loaded)
-            )
+            never_identified = "no worker of this node has identified these checkpoint files"
+            return f"{never_identified}, so it holds no artifact for them yet" + _publication(loaded)
         return skipped[0]
     return "this node holds no artifact for it yet (a first load)" + _publication(loaded)
 

@@ -28,6 +28,7 @@ from .source_identity import (
     PreparedWeightSource,
     WeightSourceKind,
     is_content_id_known,
+    is_content_id_seen,
     prepare_weight_source,
 )
 
@@ -38,7 +39,7 @@ __all__ = [
     "component_model_class",
     "family_for_config",
     "model_id",
-    "needs_hashing",
+    "never_identified_here",
     "node_digest_cache",
     "read_model_config",
     "usage_errors",
@@ -188,7 +189,13 @@ def existing_node_digest_cache(runtime: HostWeightRuntime) -> NodeSourceDigestCa
     return node_digest_cache(runtime)
 
 
-def needs_hashing(source: PreparedWeightSource, runtime: HostWeightRuntime) -> bool:
-    """Whether some checkpoint file's content id is neither a trusted hub blob name nor in the node's digest cache."""
+def never_identified_here(source: PreparedWeightSource, runtime: HostWeightRuntime) -> bool:
+    """Whether no worker of this node ever built an identity from some checkpoint file: then no artifact of it
+    exists here (every build and import first identifies its sources, which marks them in the digest cache).
+
+    Without a usable digest cache only a file whose content id needs hashing counts (a hub blob name is free).
+    """
     cache = node_digest_cache(runtime)
-    return any(not is_content_id_known(path, cache) for path in source.weight_files)
+    if cache is None:
+        return any(not is_content_id_known(path, None) for path in source.weight_files)
+    return any(not is_content_id_seen(path, cache) for path in source.weight_files)

@@ -41,7 +41,7 @@ from .component_source import (
     checkpoint_source,
     component_model_class,
     existing_node_digest_cache,
-    needs_hashing,
+    never_identified_here,
     node_digest_cache,
 )
 from .contracts import FinalLayoutParallelIdentity
@@ -72,8 +72,8 @@ __all__ = ["load_component", "prewarm_component"]
 _LOG = logging.getLogger(__name__)
 
 _SKIPPED_LOOKUP = (
-    "this node has never hashed these checkpoint files, so no artifact can exist for them here; the lookup is "
-    "skipped and the background publication hashes them and builds the artifact"
+    "no worker of this node has identified these checkpoint files, so no artifact can exist for them here; the "
+    "lookup is skipped and the background publication identifies them (hashing what needs it) and builds the artifact"
 )
 
 
@@ -126,11 +126,14 @@ def load_component(
     worker on a node returns its canonical model as soon as it is loaded, and the artifact is
     built from the checkpoint (safetensors) on a nice'd thread
     (`LoadedComponent.background_publication`; the process waits for it at exit; a killed
-    process leaves only an invisible tmp build that the next builder removes). When this node
-    has never hashed the checkpoint files and no remote is configured, no artifact can exist for
-    them here, so the lookup is skipped (outcome CANONICAL_FALLBACK, one SKIPPED attempt) and the
-    hashing moves to that thread too; where the key is free (hub cache blob names, the node's
-    digest cache), the lookup runs first and a hit is served from the artifact. A worker whose
+    process leaves only an invisible tmp build that the next builder removes). When no worker of
+    this node ever identified the checkpoint files (every lookup, build and import identifies its
+    sources first and marks them in the node's digest cache) and no remote is configured, no
+    artifact can exist for them here, so the lookup and its skeleton are skipped (outcome
+    CANONICAL_FALLBACK, one SKIPPED attempt) and the identity, hashing included, moves to that
+    thread too; once some worker identified them, the lookup runs first and a hit is served from
+    the artifact. (An artifact `hwr pull` imported is found by loads by name, or by any load with
+    the remote configured.) A worker whose
     lookup misses while another worker publishes the same key takes whichever is sooner, by a
     rule decided from the build lock and the builder's progress record (`_build_progress.py`):
     no build lock held, it publishes behind as a first worker; held, it waits for the artifact
@@ -345,8 +348,9 @@ def _wait_for_own_publication(call: _ComponentCall, source: PreparedWeightSource
 
 
 def _first_on_node(source: PreparedWeightSource, runtime: HostWeightRuntime) -> bool:
-    """Without a remote, a node that never hashed these files cannot hold their artifact: skip the lookup."""
-    return not runtime.remote_providers and needs_hashing(source, runtime)
+    """Without a remote, a node where no worker ever identified these files cannot hold their artifact: skip
+    the lookup (and the skeleton it needs), from a folder and from a hub cache alike."""
+    return not runtime.remote_providers and never_identified_here(source, runtime)
 
 
 def _canonical_then_described(

@@ -45,6 +45,7 @@ from ._source_snapshot import (
     FinalLayoutSourceContext,
     SourceFileRecord,
     is_content_id_known,
+    is_content_id_seen,
     snapshot_sources,
 )
 from ._weight_source import (
@@ -69,6 +70,7 @@ __all__ = [
     "bind_tensors_to_sources",
     "hub_blob_content_id",
     "is_content_id_known",
+    "is_content_id_seen",
     "prepare_weight_source",
     "resolved_revision",
     "snapshot_sources",
