@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 from collections.abc import Iterator
@@ -230,6 +231,25 @@ def test_a_hub_snapshot_prewarmed_here_is_looked_up_and_hit_by_its_first_load(tm
         background = skipped.background_publication
         assert background is not None and background.wait(WAIT_S) and background.failure is None
     assert len(_ready(root)) == 1  # the publication behind found the artifact: still one
+
+
+def test_a_domain_whose_artifacts_predate_the_seen_marks_keeps_looking_up(tmp_path: Path, pipeline: Path) -> None:
+    """X02/D14: a domain filled by a version without seen marks (its `seen/` made after an artifact existed) never
+    trusts their absence: a first load of files no worker marked still looks up, and hits the artifact there."""
+    cache = tmp_path / "hub"
+    save_hub_snapshot(cache, REPO_ID, pipeline)
+    root = tmp_path / "domain"
+    prewarm_component(REPO_ID, subfolder=SUBFOLDER, cache_dir=cache, runtime=_runtime(root))
+    seen = root / "source-digests-v1" / "seen"
+    assert (seen / "complete").exists()
+    shutil.rmtree(seen)  # what a version without marks leaves: an artifact, no seen/
+    with load_component(REPO_ID, subfolder=SUBFOLDER, cache_dir=cache, runtime=_runtime(root)) as loaded:
+        assert loaded.outcome is ResolutionOutcome.LOCAL_HIT
+    assert seen.is_dir() and not (seen / "complete").exists()
+    for marker in seen.glob("*.seen"):
+        marker.unlink()
+    with load_component(REPO_ID, subfolder=SUBFOLDER, cache_dir=cache, runtime=_runtime(root)) as again:
+        assert again.outcome is ResolutionOutcome.LOCAL_HIT  # marks incomplete: their absence proves nothing
 
 
 def test_a_folder_identified_here_makes_a_hub_snapshot_of_the_same_bytes_look_up(

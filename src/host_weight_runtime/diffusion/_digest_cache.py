@@ -9,6 +9,8 @@
       seen/<id>.seen       empty: some worker of this node built an identity from a file with this content id
                            (<id> is the SHA-256 of the id as the key spells it); written before any lookup or
                            build under that identity, so a content id without one has no artifact here
+      seen/complete        empty: `seen/` was made while the domain held no artifact, so the marks cover every
+                           artifact (a domain a version without marks filled never gets it, and keeps looking up)
 
 where <key> is the SHA-256 of the file's realpath and stat state (a header marker's key also
 names the check's version). The cache is an optimisation only: a damaged entry is recomputed,
@@ -33,7 +35,7 @@ from pathlib import Path
 from .._faults import fault_point
 from ..canonical_json import CanonicalJson, JsonValue, canonical_sha256, decode_json, encode_canonical
 from ..failures import HostWeightError, ResolutionStage
-from ..filesystem import read_small_file, write_file_atomic
+from ..filesystem import DomainLayout, read_small_file, write_file_atomic
 from ..filesystem.locks import acquire_lock
 from ._file_state import FileState, check_state, hash_file
 
@@ -44,6 +46,7 @@ DIGEST_ENTRY_SCHEMA = "hwr-source-digest-entry-v1"
 _CACHE_DIR = "source-digests-v1"
 HEADER_CHECK_VERSION = "safetensors-header-check-v1"
 """Names what a header marker vouches for; a stricter check gets a new version, so old markers vouch for nothing."""
+_SEEN_COMPLETE = "complete"
 _ENTRY_LIMIT_BYTES = 64 * 1024
 _DERIVED_LIMIT_BYTES = 16 * 2**20
 _HEX_KEY = re.compile(r"[0-9a-f]{64}")
@@ -215,6 +218,14 @@ class NodeSourceDigestCache:
         """The marker saying some worker of this node identified a source file with this content id."""
         return self.seen / f"{hashlib.sha256(content_id.encode()).hexdigest()}.seen"
 
+    def seen_marks_complete(self) -> bool:
+        """Whether every artifact of the domain was identified under marks (`seen/complete`); False if unusable."""
+        try:
+            self._prepare_dirs()
+            return os.path.lexists(self.seen / _SEEN_COMPLETE)
+        except OSError:
+            return False
+
     def content_seen(self, content_id: str) -> bool:
         """Whether a worker of this node built an identity from this content; False where the cache is unusable."""
         try:
@@ -288,6 +299,25 @@ class NodeSourceDigestCache:
             _LOG.warning("source digest cache: rejecting entry %s (%s); recomputing it", entry, found.reason)
         return found
 
+    def _start_seen_marks(self) -> None:
+        """Just made `seen/`: it covers every artifact only if the domain holds none yet (else none is `complete`)."""
+        artifacts = DomainLayout(self.entries.parent.parent).artifacts
+        try:
+            with os.scandir(artifacts) as entries:
+                held = any(True for _entry in entries)
+        except FileNotFoundError:
+            held = False
+        except OSError as exc:
+            _LOG.info("source digest cache: cannot list %s (%s); loads keep looking up", artifacts, exc)
+            return
+        if held:
+            _LOG.info("source digest cache: %s has artifacts older than seen marks; loads keep looking up", artifacts)
+            return
+        try:
+            write_file_atomic(self.seen / _SEEN_COMPLETE, b"", mode=0o600)
+        except OSError as exc:
+            _LOG.warning("source digest cache: could not mark %s complete (%s); loads keep looking up", self.seen, exc)
+
     def _prepare_dirs(self) -> None:
         """Create the private cache directories and refuse ones another user could write."""
         base = self.entries.parent
@@ -297,9 +327,13 @@ class NodeSourceDigestCache:
             except FileNotFoundError:
                 if directory is base:
                     os.makedirs(base.parent, mode=0o700, exist_ok=True)
+                made = False
                 with contextlib.suppress(FileExistsError):  # a concurrent worker made it: checked below
                     os.mkdir(directory, 0o700)
+                    made = True
                 info = os.lstat(directory)
+                if made and directory is self.seen:
+                    self._start_seen_marks()
             if not stat.S_ISDIR(info.st_mode):
                 raise NotADirectoryError(f"{directory} is not a directory (a symlink or a file is in the way)")
             if info.st_uid != os.geteuid() or info.st_mode & 0o022:

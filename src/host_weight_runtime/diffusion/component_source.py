@@ -193,9 +193,10 @@ def never_identified_here(source: PreparedWeightSource, runtime: HostWeightRunti
     """Whether no worker of this node ever built an identity from some checkpoint file: then no artifact of it
     exists here (every build and import first identifies its sources, which marks them in the digest cache).
 
-    Without a usable digest cache only a file whose content id needs hashing counts (a hub blob name is free).
+    Without a usable digest cache, or in a domain whose artifacts predate the marks, only a file whose content
+    id needs hashing counts (a hub blob name is free).
     """
     cache = node_digest_cache(runtime)
-    if cache is None:
-        return any(not is_content_id_known(path, None) for path in source.weight_files)
+    if cache is None or not cache.seen_marks_complete():
+        return any(not is_content_id_known(path, cache) for path in source.weight_files)
     return any(not is_content_id_seen(path, cache) for path in source.weight_files)
