@@ -119,8 +119,9 @@ def _workers(status: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _all_ready(status: dict[str, Any]) -> bool:
+    """Every worker says it is ready, and LitServe routes /predict (its own setup status, set after `setup`)."""
     workers = _workers(status)
-    return len(workers) == WORKERS and all(worker["state"] == "ready" for worker in workers)
+    return bool(status["ready"]) and len(workers) == WORKERS and all(worker["state"] == "ready" for worker in workers)
 
 
 def _start(tmp: Path, model: Path, root: Path, *, workers: int, extra: list[str], hold_load: bool) -> Service:
@@ -329,7 +330,9 @@ def test_a_worker_on_an_unusable_domain_serves_canonically_and_says_so(
     (base / "bad").mkdir()
     service = _start(base / "bad", setup["model"], bad, workers=1, extra=[], hold_load=False)
     try:
-        status = service.wait_for("the worker ready", lambda s: [w["state"] for w in _workers(s)] == ["ready"], 240)
+        status = service.wait_for(
+            "the worker ready", lambda s: bool(s["ready"]) and [w["state"] for w in _workers(s)] == ["ready"], 240
+        )
         worker = _workers(status)[0]
         assert worker["domain_error"]["code"] == "unsafe_permissions"
         assert "writable by group or others" in worker["domain_error"]["message"]
