@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from host_weight_runtime import cli
-from host_weight_runtime.diffusion import HostWeightUsageError
-from host_weight_runtime.diffusion.loader import load_component, prewarm_component
+from host_weight_runtime.diffusion import HostWeightUsageError, load_component, prewarm_component
 from host_weight_runtime.failures import ArgumentHint, FailureCode, HostWeightError, HostWeightFailure
 from host_weight_runtime.outcomes import ResolutionOutcome
 from hwr_tools.synthetic_models import save_hub_snapshot, save_pipeline_folder

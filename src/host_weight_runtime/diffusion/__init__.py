@@ -33,7 +33,7 @@ from .fp8 import (
 from .identity_adapter import FinalLayoutIdentityContext, build_final_layout_identity
 from .load_reports import ComponentLoadPath, PrewarmResult
 from .loaded import LoadedComponent
-from .loader import load_component, prewarm_component
+from .loader import load_component
 from .model_contracts import FIRST_CLASS_CONTRACTS, ModelNotReadyError, contract_for_model
 from .parallel.bundle import FinalLayoutBF16BundleProducer
 from .parallel.fp8_bundle import FinalLayoutFP8BundleProducer
@@ -58,6 +58,7 @@ from .pipeline_loader import (
     load_pipeline,
     prewarm_pipeline,
 )
+from .prewarm_step import prewarm_component
 from .producers import FinalLayoutBF16CheckpointProducer, FinalLayoutBF16Producer
 from .producers.fp8_checkpoint import FinalLayoutFP8CheckpointProducer
 from .producers.fp8_stream import FP8StreamCast

@@ -1,4 +1,4 @@
-"""`load_component` and `prewarm_component`: a component load as a short composition of named steps.
+"""`load_component`: a component load as a short composition of named steps.
 
 source (`component_source.py`) -> skeleton and identity (`skeleton.py`) -> resolve (`resolve_step.py`)
 -> restore (`restore_step.py`) or canonical load (`canonical_step.py`) and publish (`publish_step.py`)
@@ -31,14 +31,13 @@ from ..failures import (
 from ..outcomes import AttemptAction, AttemptResult, ResolutionAttempt, ResolutionOutcome, ResolutionReport
 from ..runtime import HostWeightRuntime
 from ._build_progress import ArrivalChoice, arrival_choice
-from ._load_options import LoadOptions, check_dtype, check_load_arguments, check_parallel, check_variant
+from ._load_options import LoadOptions, check_load_arguments
 from ._source_prehash import SourcePrehash, cores_free_beside_load
 from .background import BackgroundPublication, in_flight
 from .canonical_step import load_canonical_at, load_canonical_for, load_canonical_of
 from .canonical_warning import warn_if_canonical
 from .component_source import (
     ComponentLocation,
-    checkpoint_source,
     component_model_class,
     existing_node_digest_cache,
     never_identified_here,
@@ -46,14 +45,13 @@ from .component_source import (
 )
 from .contracts import FinalLayoutParallelIdentity
 from .family_diffusers import DIFFUSERS_FAMILY
-from .load_reports import ComponentLoadPath, PrewarmResult, report_without_lookup
-from .load_runtime import required_runtime, runtime_for_load
+from .load_reports import ComponentLoadPath, report_without_lookup
+from .load_runtime import runtime_for_load
 from .loaded import LoadedComponent, LoadStopwatch
 from .model_family import ImportClock, ModelFamily
 from .named_source import NameLayout, check_index_key, checkpoint_or_named_source, name_dtype
 from .parallel.loader import load_tensor_parallel_component
-from .producers._shards import ProgressCallback
-from .publish_step import build_artifact, publish_after_canonical_load, start_background_publication
+from .publish_step import publish_after_canonical_load, start_background_publication
 from .representation import check_fp8_dtype, check_representation, fp8_skeleton
 from .resolve_step import resolve_component
 from .restore_step import restore_or_fall_back
@@ -67,7 +65,7 @@ from .skeleton import (
 )
 from .source_identity import PreparedWeightSource
 
-__all__ = ["load_component", "prewarm_component"]
+__all__ = ["load_component"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -562,41 +560,3 @@ def _named_load_failed(
             identity_key=key,
         )
     )
-
-
-def prewarm_component(
-    model_or_path: str | os.PathLike[str],
-    *,
-    subfolder: str | None = None,
-    revision: str | None = None,
-    variant: str | None = None,
-    runtime: HostWeightRuntime | None = None,
-    parallel: FinalLayoutParallelIdentity | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    progress: ProgressCallback | None = None,
-    torch_dtype: torch.dtype | str = torch.bfloat16,
-    representation: str = "bf16",
-) -> PrewarmResult:
-    """Build (or find) the artifact straight from the checkpoint, without loading the model.
-
-    `variant` picks the checkpoint files and `torch_dtype` the representation as in `load_component`
-    (and so the artifact a later `load_component(..., variant=..., torch_dtype=...)` hits); diffusers
-    and transformers components alike. Runs in REQUIRED mode with local builds allowed
-    whatever the environment says, so a failure raises `HostWeightError` instead of being
-    hidden by a fallback; a bad argument or model folder raises `HostWeightUsageError`.
-    `representation="fp8"` streams the FP8 artifact `load_component(..., representation="fp8")`
-    hits (diffusers components only, BF16 `torch_dtype`); see `diffusion/producers/fp8_checkpoint.py`.
-    """
-    fp8 = check_representation(representation)
-    options = LoadOptions(variant=check_variant(variant), dtype=check_dtype(torch_dtype))
-    if fp8:
-        check_fp8_dtype(options.dtype)
-    check_parallel(parallel)
-    required = runtime_for_load(required_runtime(runtime if runtime is not None else HostWeightRuntime.from_env()))
-    location = ComponentLocation(model_or_path, subfolder, revision, Path(cache_dir) if cache_dir is not None else None)
-    parallel = parallel if parallel is not None else FinalLayoutParallelIdentity()
-    source = checkpoint_source(location, options)  # a bad folder is refused before the domain is opened
-    skeleton = prepare_skeleton(location, options, parallel, source=source, records=node_digest_cache(required))
-    if fp8:
-        skeleton = fp8_skeleton(skeleton)
-    return build_artifact(identify_component(skeleton, required), required, progress)

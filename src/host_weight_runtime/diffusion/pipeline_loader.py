@@ -38,8 +38,9 @@ from .canonical_warning import warn_canonical_records
 from .component_source import ComponentLocation
 from .load_reports import PrewarmResult
 from .loaded import LoadedComponent
-from .loader import load_component, prewarm_component
+from .loader import load_component
 from .named_source import named_pipeline_root, wants_name
+from .prewarm_step import prewarm_component
 
 __all__ = [
     "ComponentHandling",
