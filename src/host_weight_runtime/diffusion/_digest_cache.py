@@ -218,21 +218,16 @@ class NodeSourceDigestCache:
         """The marker saying some worker of this node identified a source file with this content id."""
         return self.seen / f"{hashlib.sha256(content_id.encode()).hexdigest()}.seen"
 
-    def seen_marks_complete(self) -> bool:
-        """Whether every artifact of the domain was identified under marks (`seen/complete`); False if unusable."""
-        try:
-            self._prepare_dirs()
-            return os.path.lexists(self.seen / _SEEN_COMPLETE)
-        except OSError:
-            return False
-
-    def content_seen(self, content_id: str) -> bool:
-        """Whether a worker of this node built an identity from this content; False where the cache is unusable."""
+    def any_unseen(self, content_ids: Iterable[str]) -> bool | None:
+        """Whether some content id has no seen mark; None where the marks do not cover the domain's artifacts
+        (`seen/complete` absent) or the cache is unusable, so their absence proves nothing."""
         try:
             self._prepare_dirs()  # a marker in a directory another user could write must not be believed
-            return os.path.lexists(self.seen_marker(content_id))
+            if not os.path.lexists(self.seen / _SEEN_COMPLETE):
+                return None
+            return any(not os.path.lexists(self.seen_marker(content_id)) for content_id in content_ids)
         except OSError:
-            return False
+            return None
 
     def record_content_seen(self, content_ids: Iterable[str]) -> None:
         """Mark these content ids as identified here, before any lookup or build under their identity.

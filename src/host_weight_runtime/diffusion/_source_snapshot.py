@@ -145,28 +145,20 @@ class FinalLayoutSourceContext:
 
 def is_content_id_known(path: Path, cache: NodeSourceDigestCache | None) -> bool:
     """Whether the file's content id comes without hashing: a trusted hub blob name, or a cache entry."""
-    return _free_content_id(path, cache) is not None
+    return free_content_id(path, cache) is not None
 
 
-def is_content_id_seen(path: Path, cache: NodeSourceDigestCache) -> bool:
-    """Whether some worker of this node built an identity from this file's content (`snapshot_sources` marks it).
-
-    False where the content id would need hashing: a file this node never hashed was never identified here.
-    """
-    content_id = _free_content_id(path, cache)
-    return content_id is not None and cache.content_seen(key_content_id(content_id))
-
-
-def _free_content_id(path: Path, cache: NodeSourceDigestCache | None) -> str | None:
-    """The file's content id where it comes without hashing (a trusted hub blob name, a cache entry), else None."""
+def free_content_id(path: Path, cache: NodeSourceDigestCache | None) -> str | None:
+    """The file's content id as the key spells it, where it comes without hashing (a trusted hub blob name,
+    a cache entry); None where it would need hashing."""
     content_id = hub_blob_content_id(path)
-    if content_id is not None or cache is None:
-        return content_id
-    try:
-        state = stat_source(path, "does not exist")
-    except HostWeightError:
-        return None
-    return cache.cached_content_id(path, state)
+    if content_id is None and cache is not None:
+        try:
+            state = stat_source(path, "does not exist")
+        except HostWeightError:
+            return None
+        content_id = cache.cached_content_id(path, state)
+    return None if content_id is None else key_content_id(content_id)
 
 
 def _known_content_id(path: Path, cache: NodeSourceDigestCache | None) -> tuple[FileState, str] | None:

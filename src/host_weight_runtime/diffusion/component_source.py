@@ -27,8 +27,7 @@ from .source_identity import (
     NodeSourceDigestCache,
     PreparedWeightSource,
     WeightSourceKind,
-    is_content_id_known,
-    is_content_id_seen,
+    free_content_id,
     prepare_weight_source,
 )
 
@@ -197,6 +196,8 @@ def never_identified_here(source: PreparedWeightSource, runtime: HostWeightRunti
     id needs hashing counts (a hub blob name is free).
     """
     cache = node_digest_cache(runtime)
-    if cache is None or not cache.seen_marks_complete():
-        return any(not is_content_id_known(path, cache) for path in source.weight_files)
-    return any(not is_content_id_seen(path, cache) for path in source.weight_files)
+    content_ids = [free_content_id(path, cache) for path in source.weight_files]
+    known = [content_id for content_id in content_ids if content_id is not None]
+    if len(known) < len(content_ids):
+        return True  # a file that needs hashing was never hashed here, so never identified
+    return bool(cache is not None and cache.any_unseen(known))

@@ -44,8 +44,8 @@ from ._source_files import select_weight_files
 from ._source_snapshot import (
     FinalLayoutSourceContext,
     SourceFileRecord,
+    free_content_id,
     is_content_id_known,
-    is_content_id_seen,
     snapshot_sources,
 )
 from ._weight_source import (
@@ -69,8 +69,8 @@ __all__ = [
     "WeightSourceKind",
     "bind_tensors_to_sources",
     "hub_blob_content_id",
+    "free_content_id",
     "is_content_id_known",
-    "is_content_id_seen",
     "prepare_weight_source",
     "resolved_revision",
     "snapshot_sources",
