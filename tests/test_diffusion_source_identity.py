@@ -843,3 +843,28 @@ def test_a_fifo_in_place_of_a_weight_file_fails_without_blocking(tmp_path: Path)
     with pytest.raises(HostWeightError) as caught:
         snapshot_sources([_source(tmp_path, tmp_path / WEIGHTS)])
     assert caught.value.code is FailureCode.CANONICAL_SOURCE_FAILED
+
+
+def test_seen_marks_are_created_in_place_and_never_flushed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """X02: a first worker's seen marks are empty files created in place, with no fsync and no temporary name:
+    losing one in a crash costs a lookup, so the worker's start never waits on the disk for them."""
+    cache = NodeSourceDigestCache(tmp_path / "root")
+    ids = [f"sha256:{hashlib.sha256(bytes([index])).hexdigest()}" for index in range(3)]
+    assert cache.any_unseen(ids) is True  # `seen/` made on an empty domain: the marks cover it
+    flushed: list[int] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        flushed.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    cache.record_content_seen(ids)
+    cache.record_content_seen(ids)  # marked already: nothing is created again
+    monkeypatch.undo()
+    assert flushed == []
+    assert cache.any_unseen(ids) is False
+    marks = sorted(cache.seen.glob("*.seen"))
+    assert marks == sorted(cache.seen_marker(content_id) for content_id in ids)
+    assert all(mark.stat().st_size == 0 and mark.stat().st_mode & 0o777 == 0o600 for mark in marks)
+    assert sorted(path.name for path in cache.seen.iterdir()) == sorted(["complete", *(mark.name for mark in marks)])

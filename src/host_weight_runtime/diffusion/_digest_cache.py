@@ -35,7 +35,7 @@ from pathlib import Path
 from .._faults import fault_point
 from ..canonical_json import CanonicalJson, JsonValue, canonical_sha256, decode_json, encode_canonical
 from ..failures import HostWeightError, ResolutionStage
-from ..filesystem import DomainLayout, read_small_file, write_file_atomic
+from ..filesystem import DomainLayout, create_empty_file, read_small_file, write_file_atomic
 from ..filesystem.locks import acquire_lock
 from ._file_state import FileState, check_state, hash_file
 
@@ -233,14 +233,16 @@ class NodeSourceDigestCache:
         """Mark these content ids as identified here, before any lookup or build under their identity.
 
         A marker that cannot be written is logged: the next first worker on the node then skips a lookup
-        that could have hit, which costs it a canonical load, never a wrong weight.
+        that could have hit, which costs it a canonical load, never a wrong weight. For the same reason a
+        marker is not forced to disk (a crash that loses it costs that one load), which keeps two flushes
+        per file off a first worker's start on a disk-backed domain.
         """
         try:
             self._prepare_dirs()
             for content_id in content_ids:
                 marker = self.seen_marker(content_id)
                 if not os.path.lexists(marker):
-                    write_file_atomic(marker, b"", mode=0o600)
+                    create_empty_file(marker, mode=0o600)
         except OSError as exc:
             _LOG.warning("source digest cache: could not record identified sources in %s (%s)", self.seen, exc)
 

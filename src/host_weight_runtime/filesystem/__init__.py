@@ -5,12 +5,20 @@ Other rooms use the public modules (`store`, `writer`, `reader`, `domain`, `lock
 to this room.
 """
 
-from ._fsutil import errno_name, failure_from_os_error, read_small_file, remove_tree, write_file_atomic
+from ._fsutil import (
+    create_empty_file,
+    errno_name,
+    failure_from_os_error,
+    read_small_file,
+    remove_tree,
+    write_file_atomic,
+)
 from ._layout import DomainLayout, check_key
 
 __all__ = [
     "DomainLayout",
     "check_key",
+    "create_empty_file",
     "errno_name",
     "failure_from_os_error",
     "read_small_file",

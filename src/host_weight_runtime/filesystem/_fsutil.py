@@ -148,6 +148,24 @@ def write_file_atomic(path: Path, data: bytes, *, mode: int = 0o600) -> None:
             _remove_quietly(temp)
 
 
+def create_empty_file(path: Path, *, mode: int = 0o600) -> bool:
+    """Create `path` empty (never through a symlink); False if it already exists. Nothing is forced to disk.
+
+    For markers whose loss after a crash costs only work: an empty file created with O_EXCL can never be
+    seen half written, so it needs no temporary name, and with no fsync it costs a worker two syscalls
+    instead of two disk flushes.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    except FileExistsError:
+        return False
+    try:
+        os.fchmod(fd, mode)  # the umask must not change what the caller asked for
+    finally:
+        os.close(fd)
+    return True
+
+
 def _remove_quietly(path: Path) -> None:
     """Remove a temporary file we created; it being gone already is fine."""
     with contextlib.suppress(FileNotFoundError):
