@@ -845,12 +845,17 @@ def test_a_fifo_in_place_of_a_weight_file_fails_without_blocking(tmp_path: Path)
     assert caught.value.code is FailureCode.CANONICAL_SOURCE_FAILED
 
 
-def test_seen_marks_are_created_in_place_and_never_flushed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """X02: a first worker's seen marks are empty files created in place, with no fsync and no temporary name:
-    losing one in a crash costs a lookup, so the worker's start never waits on the disk for them."""
+def test_a_first_workers_node_records_are_never_flushed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """X02: what a first worker records for the node's next one (seen marks, checked headers, derived values)
+    is written with no fsync: losing any of it in a crash costs that work again, so the worker's start never
+    waits on the disk. Marks are empty files created in place; a record a crash left damaged is ignored."""
     cache = NodeSourceDigestCache(tmp_path / "root")
     ids = [f"sha256:{hashlib.sha256(bytes([index])).hexdigest()}" for index in range(3)]
     assert cache.any_unseen(ids) is True  # `seen/` made on an empty domain: the marks cover it
+    weights = tmp_path / WEIGHTS
+    weights.write_bytes(_weights(3))
+    state = FileState.of(weights)
+    derived_key = hashlib.sha256(b"bindings").hexdigest()
     flushed: list[int] = []
     real_fsync = os.fsync
 
@@ -861,10 +866,16 @@ def test_seen_marks_are_created_in_place_and_never_flushed(tmp_path: Path, monke
     monkeypatch.setattr(os, "fsync", counting_fsync)
     cache.record_content_seen(ids)
     cache.record_content_seen(ids)  # marked already: nothing is created again
+    cache.record_header_checked(weights, state)
+    cache.record_derived(derived_key, {"tied": ["a", "b"]})
     monkeypatch.undo()
     assert flushed == []
     assert cache.any_unseen(ids) is False
+    assert cache.header_checked(weights, state)
+    assert cache.derived_value(derived_key) == {"tied": ["a", "b"]}
     marks = sorted(cache.seen.glob("*.seen"))
     assert marks == sorted(cache.seen_marker(content_id) for content_id in ids)
     assert all(mark.stat().st_size == 0 and mark.stat().st_mode & 0o777 == 0o600 for mark in marks)
     assert sorted(path.name for path in cache.seen.iterdir()) == sorted(["complete", *(mark.name for mark in marks)])
+    (cache.derived / f"{derived_key}.json").write_bytes(b"")  # what a crash can leave of an unflushed record
+    assert cache.derived_value(derived_key) is None

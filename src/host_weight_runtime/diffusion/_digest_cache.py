@@ -207,10 +207,13 @@ class NodeSourceDigestCache:
             return False
 
     def record_header_checked(self, path: Path, state: FileState) -> None:
-        """Remember a header checked in `state` (the caller saw that state before and after its check)."""
+        """Remember a header checked in `state` (the caller saw that state before and after its check).
+
+        Not forced to disk, as no cache record here is: a crash that loses it costs one check again.
+        """
         try:
             self._prepare_dirs()
-            write_file_atomic(self.header_marker(path, state), b"", mode=0o600)
+            create_empty_file(self.header_marker(path, state), mode=0o600)
         except OSError as exc:
             _LOG.info("source digest cache: could not record the checked header of %s (%s)", path, exc)
 
@@ -270,7 +273,8 @@ class NodeSourceDigestCache:
             raise ValueError(f"a derived record's key must be 64 lowercase hex digits, got {key!r}")
         try:
             self._prepare_dirs()
-            write_file_atomic(self.derived / f"{key}.json", encode_canonical({"key": key, "value": value}), mode=0o600)
+            record = encode_canonical({"key": key, "value": value})
+            write_file_atomic(self.derived / f"{key}.json", record, mode=0o600, durable=False)  # damaged: ignored
         except (OSError, ValueError) as exc:
             _LOG.info("source digest cache: could not record derived value %s (%s)", key, exc)
 

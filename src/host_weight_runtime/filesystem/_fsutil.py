@@ -58,8 +58,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_new_file(path: Path, data: bytes, *, mode: int = 0o600, seam: str | None = None) -> None:
-    """Create `path` (it must not exist, and is never a symlink), write all of `data`, fsync it.
+def write_new_file(
+    path: Path, data: bytes, *, mode: int = 0o600, seam: str | None = None, durable: bool = True
+) -> None:
+    """Create `path` (it must not exist, and is never a symlink), write all of `data`, fsync it (`durable`).
 
     `seam` names a fault point between the write and the fsync (a write that fails half done).
     """
@@ -72,7 +74,8 @@ def write_new_file(path: Path, data: bytes, *, mode: int = 0o600, seam: str | No
             view = view[written:]
         if seam is not None:
             fault_point(seam)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -128,21 +131,24 @@ def _regular_files(top: Path) -> Iterator[os.stat_result]:
                 yield info
 
 
-def write_file_atomic(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+def write_file_atomic(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
     """Replace `path` with `data` so readers see the old file or the complete new one.
 
     The temporary name is unique per process and call and lives in the same directory,
     so the rename cannot cross filesystems; if it still fails with EXDEV that is an
-    error, never a copy. On any failure the temporary file is removed.
+    error, never a copy. On any failure the temporary file is removed. `durable=False`
+    skips both flushes, for a cache whose readers reject a damaged record: a crash may then
+    lose the file or leave it empty, never show another record's bytes.
     """
     parent = path.parent
     temp = parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
     renamed = False
     try:
-        write_new_file(temp, data, mode=mode)
+        write_new_file(temp, data, mode=mode, durable=durable)
         os.rename(temp, path)
         renamed = True
-        fsync_dir(parent)
+        if durable:
+            fsync_dir(parent)
     finally:
         if not renamed:
             _remove_quietly(temp)
