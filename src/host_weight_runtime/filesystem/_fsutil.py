@@ -138,7 +138,7 @@ def write_file_atomic(path: Path, data: bytes, *, mode: int = 0o600, durable: bo
     so the rename cannot cross filesystems; if it still fails with EXDEV that is an
     error, never a copy. On any failure the temporary file is removed. `durable=False`
     skips both flushes, for a cache whose readers reject a damaged record: a crash may then
-    lose the file or leave it empty, never show another record's bytes.
+    lose the file, or leave it empty or cut short.
     """
     parent = path.parent
     temp = parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
