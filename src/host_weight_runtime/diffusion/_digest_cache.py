@@ -243,9 +243,7 @@ class NodeSourceDigestCache:
         try:
             self._prepare_dirs()
             for content_id in content_ids:
-                marker = self.seen_marker(content_id)
-                if not os.path.lexists(marker):
-                    create_empty_file(marker, mode=0o600)
+                create_empty_file(self.seen_marker(content_id), mode=0o600)  # one already there is kept
         except OSError as exc:
             _LOG.warning("source digest cache: could not record identified sources in %s (%s)", self.seen, exc)
 

@@ -162,13 +162,9 @@ def create_empty_file(path: Path, *, mode: int = 0o600) -> bool:
     instead of two disk flushes.
     """
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+        write_new_file(path, b"", mode=mode, durable=False)
     except FileExistsError:
         return False
-    try:
-        os.fchmod(fd, mode)  # the umask must not change what the caller asked for
-    finally:
-        os.close(fd)
     return True
 
 
