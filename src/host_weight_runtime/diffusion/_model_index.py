@@ -57,6 +57,8 @@ class ModelIndex:
     pipeline_class: Any
     components: tuple[IndexedComponent, ...]
     optional_arguments: tuple[str, ...]
+    expected: tuple[str, ...] = ()  # every component the pipeline's constructor takes, listed or not
+    settings: tuple[str, ...] = ()  # the optional arguments model_index.json sets (diffusers passes them on)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -168,4 +170,13 @@ def read_model_index(root: Path) -> ModelIndex:
     pipeline_class = _pipeline_class(path, index)
     expected, optional = pipeline_class._get_signature_keys(pipeline_class)
     components = tuple(_component(path, name, index[name]) for name in sorted(expected) if name in index)
-    return ModelIndex(path, pipeline_class.__name__, pipeline_class, components, tuple(sorted(optional)))
+    settings = tuple(sorted(name for name in optional if name in index))
+    return ModelIndex(
+        path,
+        pipeline_class.__name__,
+        pipeline_class,
+        components,
+        tuple(sorted(optional)),
+        expected=tuple(sorted(expected)),
+        settings=settings,
+    )

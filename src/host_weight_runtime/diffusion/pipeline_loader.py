@@ -4,7 +4,8 @@ A composition of the component path, not a second loader: model_index.json says 
 components there are; each weighted torch component with safetensors weights goes through
 `load_component(..., subfolder=name)`; diffusers' own `DiffusionPipeline.from_pretrained`
 then assembles the pipeline from those models, loading tokenizers, schedulers, processors and
-whatever could not be served exactly as it always does. Every component gets a record saying
+whatever could not be served exactly as it always does (or, when only tokenizers and schedulers
+are left, the same calls are made directly: `_direct_assembly.py`). Every component gets a record saying
 how it was loaded and why, so nothing is ever silently left canonical.
 """
 
@@ -26,6 +27,7 @@ from ..config import RuntimeMode
 from ..failures import FailureCode, HostWeightError, HostWeightUsageError, usage_error
 from ..outcomes import ResolutionOutcome
 from ..runtime import HostWeightRuntime
+from ._direct_assembly import assemble_directly
 from ._hub_snapshot import hub_snapshot
 from ._load_options import check_dtype
 from ._missing_folder import check_folder_or_repo_id
@@ -270,14 +272,23 @@ def _check_required(records: list[PipelineComponentRecord], mode: RuntimeMode, r
 
 
 def _assemble(
-    index: ModelIndex, root: Path, models: Mapping[str, Any], torch_dtype: torch.dtype | str, **kwargs: Any
+    index: ModelIndex,
+    root: Path,
+    served: Mapping[str, Any],
+    caller: Mapping[str, Any],
+    torch_dtype: torch.dtype | str,
+    **kwargs: Any,
 ) -> Any:
-    """diffusers' own from_pretrained, given the served and caller components; its errors leave typed."""
+    """The pipeline of the served and caller components, built directly when the rest is plain, else by
+    diffusers' own from_pretrained; either's errors leave typed."""
     from diffusers import DiffusionPipeline
 
     assemble: Any = DiffusionPipeline.from_pretrained
     try:
-        return assemble(str(root), dtype=torch_dtype, **kwargs, **models)
+        direct = assemble_directly(index, root, served, caller, variant=kwargs.get("variant"))
+        if direct is not None:
+            return direct
+        return assemble(str(root), dtype=torch_dtype, **kwargs, **served, **caller)
     except HostWeightError:
         raise
     except _ASSEMBLY_ERRORS as exc:
@@ -353,7 +364,7 @@ def load_pipeline(
             served[record.name] = loaded
         models = {name: loaded.model for name, loaded in served.items()}
         options = {"variant": variant, "use_safetensors": use_safetensors}
-        pipeline = _assemble(index, root, {**models, **caller}, torch_dtype, **options)
+        pipeline = _assemble(index, root, models, caller, torch_dtype, **options)
         undo.pop_all()
     return LoadedPipeline(pipeline, served, tuple(records), root=root, elapsed_s=time.monotonic() - started)
 
