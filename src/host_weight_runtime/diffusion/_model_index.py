@@ -57,8 +57,8 @@ class ModelIndex:
     pipeline_class: Any
     components: tuple[IndexedComponent, ...]
     optional_arguments: tuple[str, ...]
-    expected: tuple[str, ...] = ()  # every component the pipeline's constructor takes, listed or not
-    settings: tuple[str, ...] = ()  # the optional arguments model_index.json sets (diffusers passes them on)
+    expected: tuple[str, ...]  # every component the pipeline's constructor takes, listed or not
+    settings: tuple[str, ...]  # the optional arguments model_index.json sets (diffusers passes them on)
 
     @property
     def names(self) -> tuple[str, ...]:
