@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import select
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -136,7 +138,7 @@ def test_closing_a_lease_stops_its_prefault_thread(shm_root: Path, monkeypatch: 
     assert lease.mapped_regions  # a transport asking for the regions starts it too
     assert prefault.started
     lease.close()
-    assert prefault.wait(timeout=0)  # set by the thread after its last madvise, so close() waited for it
+    assert prefault.wait(timeout=0)  # set by the thread after its last step, so close() waited for it
     assert prefault._keepalive is None
 
 
@@ -229,3 +231,34 @@ def test_stopping_several_threads_before_they_start_keeps_them_from_starting() -
     prefault.start()
     assert not prefault.started
     assert prefault.wait(timeout=0)
+
+
+_EXIT_CHILD = """
+import atexit, ctypes, mmap, os, sys
+state = {}
+def report():  # registered before the module's own exit hook, so it runs after it
+    prefault = state["prefault"]
+    os.write(1, f"{prefault.populated_bytes} {prefault.wait(timeout=0)}".encode())
+atexit.register(report)
+from host_weight_runtime.filesystem._prefault import BackgroundPrefault
+size = 4 << 30  # read faults on anonymous memory map the zero page: a long fill that costs no memory
+region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+prefault = BackgroundPrefault([(address, size)], (region,), threads=1)
+state["prefault"] = prefault
+prefault.start()
+sys.exit(0)
+"""
+
+
+def test_the_interpreter_exit_stops_a_running_prefault_before_it_finalizes() -> None:
+    """X01: a process that exits while its prefault thread is still reading (a short-lived script, a warm worker
+    that ends) stops the thread at exit, before the interpreter finalizes, and exits 0; a thread left inside
+    torch's read would be unwound through C++ at finalization and abort the process."""
+    completed = subprocess.run(
+        [sys.executable, "-c", _EXIT_CHILD], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert completed.returncode == 0, completed.stderr
+    populated, finished = completed.stdout.split()
+    assert finished == "True"  # every thread had ended when the last exit hook ran
+    assert int(populated) < 4 << 30  # stopped early, not run to the end

@@ -15,16 +15,20 @@ They are started without waiting until they are scheduled (a `threading.Thread` 
 starter that long, which a warm load paid once per component). Best effort: any error just
 stops them (recorded in `error`), and `HWR_PREFAULT=0` turns it off. A payload truncated under
 a live lease raises SIGBUS in whichever thread reads it first, as it would in the model's
-first read (the documented limit of a mapping).
+first read (the documented limit of a mapping). The interpreter's exit stops every running
+prefault first (`_stop_running`, at exit): a thread still inside torch's read when the
+interpreter finalizes would be unwound through C++ and abort the process.
 """
 
 from __future__ import annotations
 
 import _thread
+import atexit
 import ctypes
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 
 from ..config import ENV_PREFAULT, environment_config
@@ -55,6 +59,18 @@ def _touch_pages(start: int, length: int, page: int) -> None:
     torch.frombuffer(window, dtype=torch.uint8)[::page].max()
 
 
+_RUNNING: weakref.WeakSet[BackgroundPrefault] = weakref.WeakSet()
+"""The started prefaults not stopped yet, which the interpreter's exit stops first."""
+
+
+def _stop_running() -> None:
+    for prefault in list(_RUNNING):
+        prefault.stop()
+
+
+atexit.register(_stop_running)
+
+
 def prefault_threads(total_bytes: int, cores: int | None = None) -> int:
     """How many threads populate a lease: one per core beside the loading thread, at most `_MAX_THREADS`, and
     none beyond one per `_BYTES_PER_THREAD` (the kernel fills one range at memory speed on one core)."""
@@ -69,6 +85,7 @@ class BackgroundPrefault:
     ends them early (or keeps them from ever starting)."""
 
     __slots__ = (
+        "__weakref__",
         "_done",
         "_guard",
         "_idents",
@@ -125,6 +142,7 @@ class BackgroundPrefault:
             # Daemon threads the interpreter never joins, as `daemon=True` was; `stop()` waits on `_done`.
             self._pid = os.getpid()
             self._running = self._threads
+            _RUNNING.add(self)
             self._idents = frozenset(_thread.start_new_thread(self._run, ()) for _ in range(self._threads))
 
     def _take_step(self) -> tuple[int, int] | None:
@@ -161,6 +179,7 @@ class BackgroundPrefault:
 
     def stop(self) -> None:
         """Ask the threads to stop after their current step and wait for them (or keep them from starting)."""
+        _RUNNING.discard(self)
         with self._guard:
             self._stop.set()
             idents = self._idents
