@@ -1,5 +1,5 @@
-"""A `file://` import reads each piece into a buffer, writes it from there and hashes that buffer (E12): what is
-hashed is exactly what is stored, misuse of the writer's `read_data` is a typed producer failure (S04), and
+"""A `file://` import hashes each piece as stored, from the buffer it was written from or read back after a kernel
+copy (E12): what is hashed is exactly what is stored, misuse of the writer's `read_data` or `send_data` is a typed producer failure (S04), and
 running out of space mid-copy is a typed, retryable NO_SPACE with nothing left behind (S18).
 """
 
@@ -9,11 +9,13 @@ import errno
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 from host_weight_runtime import BuildRequest, FailureCode, StoreStatus, TensorWriteSpec
 from host_weight_runtime._faults import Fault, FaultAction, arm, armed, disarm_all
 from host_weight_runtime.remote import FsspecArtifactProvider, import_remote_artifact, push_artifact
+from host_weight_runtime.remote import provider as provider_module
 
 from .remote_support import META, Node, assert_bitwise_equal, soon
 from .support import SyntheticProducer, make_identity, make_tensors
@@ -21,10 +23,15 @@ from .support import SyntheticProducer, make_identity, make_tensors
 PAYLOAD = "model-00001-of-00002.safetensors"
 
 
-def test_a_source_changed_after_its_piece_was_stored_does_not_change_what_is_published(tmp_path: Path) -> None:
+@pytest.mark.parametrize("threaded", [False, True])
+def test_a_source_changed_after_its_piece_was_stored_does_not_change_what_is_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threaded: bool
+) -> None:
     """E12: every piece after the first flips the first data byte of the source again; the bytes
-    already copied stay as pushed, the hash of the stored pages agrees with the manifest, and a FULL_CHECKSUM
-    lookup confirms every published byte equals the pushed tensors."""
+    already copied (through a buffer, or in the kernel with a hash lane) stay as pushed, the hash of the stored
+    pages agrees with the manifest, and a FULL_CHECKSUM lookup confirms every published byte equals the pushed
+    tensors."""
+    monkeypatch.setattr(provider_module, "hash_on_a_lane", lambda: threaded)
     node_a, node_b = Node(tmp_path / "node-a"), Node(tmp_path / "node-b")
     tensors = make_tensors()
     identity = node_a.build(tensors=tensors)
@@ -55,7 +62,7 @@ def test_a_source_changed_after_its_piece_was_stored_does_not_change_what_is_pub
 
 
 class _Pieces:
-    """The caller's side of `read_data`: one buffer, lent and taken back."""
+    """The caller's side of `read_data` (one buffer, lent and taken back) and of `send_data`."""
 
     def __init__(self) -> None:
         self.buffer = memoryview(bytearray(64))
@@ -67,10 +74,17 @@ class _Pieces:
     def stored(self, buffer: memoryview, count: int) -> None:
         self.stored_bytes += count
 
+    def next_piece(self) -> int:
+        return len(self.buffer)
 
-def test_read_data_refuses_misuse(tmp_path: Path) -> None:
-    """S04, E12: read_data needs an ordered caller-hashed file and whole rows inside the data section;
-    otherwise PRODUCER_FAILED and nothing is published or left in tmp/."""
+    def sent(self, file_offset: int, count: int) -> None:
+        self.stored_bytes += count
+
+
+@pytest.mark.parametrize("method", ["read_data", "send_data"])
+def test_read_data_refuses_misuse(tmp_path: Path, method: str) -> None:
+    """S04, E12: read_data and send_data need an ordered caller-hashed file and whole rows inside the data
+    section; otherwise PRODUCER_FAILED and nothing is published or left in tmp/."""
     identity = make_identity()
     spec = TensorWriteSpec(name="w", shape=(4, 4), dtype=torch.float32)
     source = tmp_path / "source.bin"
@@ -87,7 +101,7 @@ def test_read_data_refuses_misuse(tmp_path: Path) -> None:
             fd = os.open(source, os.O_RDONLY)
             try:
                 nbytes = {"not_caller_hashed": 16, "splits_a_row": 8, "past_the_end": 128}[self.mode]
-                file_writer.read_data(fd, 0, nbytes, _Pieces())
+                getattr(file_writer, method)(fd, 0, nbytes, _Pieces())
             finally:
                 os.close(fd)
             raise AssertionError("unreachable: the writer refuses")

@@ -1,5 +1,7 @@
-"""A `file://` import reads each payload file piece by piece into a reused buffer, writes it from that buffer and
-hashes it from the same buffer, on the copying thread or on a hash lane behind the next piece (E12); every byte
+"""A `file://` import copies each payload file piece by piece and hashes each piece as stored: read into a reused
+buffer, written and hashed from it on the copying thread, or (with a hash lane) copied in the kernel and read back
+from the stored file by the lane behind the next piece (E12); a file system that refuses the kernel copy gets the
+buffered one, and a failed copy is a typed failure (S18); every byte
 of every piece is still hashed and compared before publication, so a flipped byte anywhere (the first byte, either
 side of a piece boundary, the last byte), or a source cut short while its file is copied (the object is opened
 once per file), is a non-retryable remote_failed with nothing visible (E03).
@@ -7,6 +9,7 @@ once per file), is a non-retryable remote_failed with nothing visible (E03).
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -36,27 +39,36 @@ def _pushed(tmp_path: Path) -> tuple[Node, Path, WeightManifest]:
     return node_a, folder, manifest
 
 
+@pytest.mark.parametrize("read_back", [False, True])
 @pytest.mark.parametrize("threaded", [False, True])
-def test_pieces_that_straddle_tensors_hash_to_each_tensors_tree_digest(threaded: bool) -> None:
+def test_pieces_that_straddle_tensors_hash_to_each_tensors_tree_digest(
+    tmp_path: Path, threaded: bool, read_back: bool
+) -> None:
     """E12: pieces of odd sizes, each crossing tensor boundaries (empty tensors among them), fed in order to a
-    file's hashers on the copying thread or on the lane, give every tensor its one-shot tree digest; two files
-    in a row keep their bytes apart."""
+    file's hashers, from lent buffers or read back from the stored file, on the copying thread or on the lane,
+    give every tensor its one-shot tree digest; two files in a row keep their bytes apart."""
     sizes = [[5000, 0, 123, 70001, 1], [0, 9, 4096 * 3]]
     chunk = 4096
     lane = PieceLane(777, threaded=threaded)
     opened: list[tuple[FileHashes, list[bytes]]] = []
     try:
-        for file_sizes in sizes:
+        for index, file_sizes in enumerate(sizes):
             blobs = [os.urandom(size) for size in file_sizes]
             hashes = FileHashes([len(blob) for blob in blobs], chunk, DigestAlgorithm.BLAKE3_TREE_V1)
-            lane.open_file(hashes)
             data = b"".join(blobs)
+            stored = tmp_path / f"stored-{index}"
+            stored.write_bytes(b"header" + data)  # read back from offset 6 on, as a payload after its header
+            lane.open_file(hashes, reader=os.open(stored, os.O_RDONLY) if read_back else -1)
             position = 0
             while position < len(data):
-                buffer = lane.take()
-                count = min(len(buffer), len(data) - position)
-                buffer[:count] = data[position : position + count]
-                lane.stored(buffer, count)
+                if read_back:
+                    count = min(lane.next_piece(), len(data) - position)
+                    lane.sent(6 + position, count)
+                else:
+                    buffer = lane.take()
+                    count = min(len(buffer), len(data) - position)
+                    buffer[:count] = data[position : position + count]
+                    lane.stored(buffer, count)
                 position += count
             lane.end_file()
             opened.append((hashes, blobs))
@@ -139,6 +151,56 @@ def test_a_source_cut_short_while_its_file_is_copied_fails_typed(tmp_path: Path)
     details = result.failure.details.to_value()
     assert isinstance(details, dict) and str(details["object"]).endswith(manifest.files[0].name)
     assert "truncated" in result.failure.message  # the short copy itself, not a later digest mismatch
+    assert node_b.visible() == [] and node_b.temporaries() == []
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_only_a_hash_lane_copies_in_the_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threaded: bool) -> None:
+    """E12: with a hash lane every piece is copied in the kernel (the `sendfile` seam passes once a piece) and
+    read back by the lane; without one, no piece is, and both publish the pushed bytes."""
+    monkeypatch.setattr(provider_module, "hash_on_a_lane", lambda: threaded)
+    node_a = Node(tmp_path / "node-a")
+    tensors = make_tensors(scale=SCALE)
+    identity = node_a.build(tensors=tensors, files=2)
+    url = f"file://{tmp_path / 'remote'}"
+    push_artifact(node_a.store, identity, url)
+    node_b = Node(tmp_path / "node-b")
+    sends: list[str] = []
+    provider = FsspecArtifactProvider(url, chunk_bytes=CHUNK)
+    with armed("writer.sendfile", Fault(FaultAction.PAUSE, hook=sends.append, times=10_000)):
+        result = import_remote_artifact(node_b.store, identity, provider, validation=META, deadline=soon())
+    assert result is not None and result.status is StoreStatus.BUILT and result.lease is not None, result
+    result.lease.close()
+    node_b.assert_holds(identity, tensors)
+    data_bytes = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
+    assert len(sends) >= (data_bytes // CHUNK if threaded else 0) and (len(sends) > 0) == threaded
+
+
+@pytest.mark.parametrize(("error", "published"), [(errno.EINVAL, True), (errno.EOPNOTSUPP, True), (errno.EIO, False)])
+def test_a_refused_kernel_copy_falls_back_to_buffers_and_a_failed_one_is_typed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: int, published: bool
+) -> None:
+    """E12, S18: where the file system refuses `sendfile` (EINVAL, EOPNOTSUPP) each piece goes through a buffer
+    and the import publishes the pushed bytes; any other error of the copy (EIO) fails the import typed and
+    retryable, with nothing visible on node B."""
+    monkeypatch.setattr(provider_module, "hash_on_a_lane", lambda: True)
+    node_a = Node(tmp_path / "node-a")
+    tensors = make_tensors(scale=SCALE)
+    identity = node_a.build(tensors=tensors, files=2)
+    url = f"file://{tmp_path / 'remote'}"
+    push_artifact(node_a.store, identity, url)
+    node_b = Node(tmp_path / "node-b")
+    provider = FsspecArtifactProvider(url, chunk_bytes=CHUNK)
+    with armed("writer.sendfile", Fault(FaultAction.RAISE_OSERROR, errno=error, times=10_000)):
+        result = import_remote_artifact(node_b.store, identity, provider, validation=META, deadline=soon())
+    assert result is not None
+    if published:
+        assert result.status is StoreStatus.BUILT and result.lease is not None, result
+        result.lease.close()
+        node_b.assert_holds(identity, tensors)
+        return
+    assert result.status is StoreStatus.FAILED and result.failure is not None
+    assert result.failure.code is FailureCode.IO_ERROR and result.failure.retryable, result.failure
     assert node_b.visible() == [] and node_b.temporaries() == []
 
 

@@ -1,4 +1,5 @@
-"""Writing a payload's bytes at a file offset in full: one buffer (`pwrite`) or several in a row (`pwritev`).
+"""Writing a payload's bytes at a file offset: one buffer (`pwrite`), several in a row (`pwritev`), or another
+file's bytes copied inside the kernel (`sendfile`).
 
 Each call passes the writer's fault seams, so tests can fail a write before or after part of it landed.
 """
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 
 from .._faults import fault_point
 
-__all__ = ["pwrite_all", "pwritev_all"]
+__all__ = ["pwrite_all", "pwritev_all", "send_at"]
 
 
 def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
@@ -49,3 +50,26 @@ def pwritev_all(fd: int, parts: Sequence[memoryview], offset: int) -> None:
         pending = pending[taken:]
         if written:  # a short write ended inside this buffer: its rest goes next
             pending[0] = pending[0][written:]
+
+
+_SENDFILE_REFUSED = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
+"""What `sendfile` raises where a file system cannot copy between these two files in the kernel."""
+
+
+def send_at(fd: int, offset: int, source_fd: int, source_offset: int, count: int) -> int:
+    """Copy up to `count` bytes of `source_fd` from `source_offset` to `fd` at `offset` in the kernel (no user
+    buffer); returns the bytes copied, 0 at the source's end. `fd`'s file position is moved: its other writes
+    must not use it. Where the kernel refuses the copy, the bytes go through a buffer instead."""
+    fault_point("writer.pwrite")
+    try:
+        fault_point("writer.sendfile")  # a file system that refuses the kernel copy
+        os.lseek(fd, offset, os.SEEK_SET)
+        copied = os.sendfile(fd, source_fd, source_offset, count)
+    except OSError as exc:
+        if exc.errno not in _SENDFILE_REFUSED:
+            raise
+        data = os.pread(source_fd, count, source_offset)
+        pwrite_all(fd, data, offset)
+        return len(data)
+    fault_point("writer.after_pwrite")
+    return copied

@@ -5,7 +5,8 @@ Rows arrive by `pwrite` (`write_tensor`, `write_rows`), or are converted by the 
 (`copy_rows`: one pass, each chunk converted into a slot of a reused ring, written from it on the lane's
 write thread and its leaves hashed from it on that thread or the converting one, never read back from the
 file), or are read piece by piece from another file through the caller's buffers (`read_data`, for a caller
-that hashes each piece from the buffer it was written from). The record a close produces (coverage check,
+that hashes each piece from the buffer it was written from) or copied from it in the kernel (`send_data`, for a
+caller that hashes each piece read back from this file). The record a close produces (coverage check,
 manifest entries) is `_written_file`.
 """
 
@@ -27,7 +28,7 @@ from ..protocols import TensorWriteSpec
 from ._cast_buffers import CastBuffers
 from ._coverage import RowCoverage, claims_of, rows_of_write
 from ._payload_hashing import PayloadHasher
-from ._pwrite import pwrite_all, pwritev_all
+from ._pwrite import pwrite_all, pwritev_all, send_at
 from ._safetensors_layout import FileLayout, tensor_bytes
 from ._write_failures import os_failed, producer_failed
 from ._written_file import WrittenFile, check_caller_digests, check_complete, written_file
@@ -35,7 +36,7 @@ from ._written_file import WrittenFile, check_caller_digests, check_complete, wr
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DataPieces", "StagingTensorFileWriter", "TensorFileOwner", "create_tensor_file"]
+__all__ = ["DataPieces", "SentPieces", "StagingTensorFileWriter", "TensorFileOwner", "create_tensor_file"]
 
 _T = TypeVar("_T")
 
@@ -68,6 +69,14 @@ class DataPieces(Protocol):
     def take(self) -> memoryview: ...
 
     def stored(self, buffer: memoryview, count: int) -> None: ...
+
+
+class SentPieces(Protocol):
+    """The caller's side of `send_data`: sizes each piece and takes back each stored range (file offsets)."""
+
+    def next_piece(self) -> int: ...
+
+    def sent(self, file_offset: int, count: int) -> None: ...
 
 
 _FILE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -229,6 +238,15 @@ class StagingTensorFileWriter:
         """
         return self._owner._guarded(lambda: self._read_data(source_fd, source_offset, nbytes, pieces))
 
+    def send_data(self, source_fd: int, source_offset: int, nbytes: int, pieces: SentPieces) -> int:
+        """`read_data` with the kernel copying each piece (`sendfile`, no user buffer): each stored range is
+        handed to `pieces.sent(file_offset, count)` for the caller to read back from `reader()` and hash."""
+        return self._owner._guarded(lambda: self._send_data(source_fd, source_offset, nbytes, pieces))
+
+    def reader(self) -> int:
+        """A descriptor of this file for reading back what was stored (a `dup`, the caller's to close)."""
+        return os.dup(self._fd)
+
     def write_data(self, data: bytes | bytearray | memoryview) -> None:
         """Write `data` as the next bytes of the data section (ordered, caller-hashed files; whole rows), with no
         tensor in between: for a caller that holds the bytes of a laid-out file, such as a ranged remote read."""
@@ -384,7 +402,7 @@ class StagingTensorFileWriter:
         when all came; returns how many came and the file offset."""
         if not (self._ordered and self._caller_hashes):
             raise producer_failed(
-                f"{self._name}: read_data and write_data need a file opened ordered with caller_hashes",
+                f"{self._name}: read_data, send_data and write_data need a file opened ordered with caller_hashes",
                 file=self._name,
             )
         if self._closed:
@@ -421,6 +439,20 @@ class StagingTensorFileWriter:
                 pieces.stored(buffer, count)
                 if not count:
                     break  # the source ended early
+                done += count
+            return done
+
+        return self._store_data(nbytes, transfer)[0]
+
+    def _send_data(self, source_fd: int, source_offset: int, nbytes: int, pieces: SentPieces) -> int:
+        def transfer(offset: int) -> int:
+            done = 0
+            while done < nbytes:
+                want = min(pieces.next_piece(), nbytes - done)
+                count = send_at(self._fd, offset + done, source_fd, source_offset + done, want)
+                if not count:
+                    break  # the source ended early
+                pieces.sent(offset + done, count)
                 done += count
             return done
 
@@ -556,4 +588,3 @@ class StagingTensorFileWriter:
             self._closed = True
             self._hasher.drain()
             self._release_fd()
-

@@ -287,10 +287,10 @@ class FsspecArtifactProvider:
         writer: StagingArtifactWriter,
         algorithm: DigestAlgorithm,
     ) -> None:
-        """A local source: each file's data section read piece by piece into a reused buffer, written from it and
-        hashed from it (`_piece_lane.py`); the source is opened once per file, so what its descriptor reads is
-        what is hashed. A file is closed and compared once the next file's bytes are stored (a hash lane may
-        still be hashing its last pieces meanwhile)."""
+        """A local source: each file's data section copied piece by piece, each piece hashed as stored (read into a
+        reused buffer, written and hashed from it; or, with a hash thread, copied in the kernel and read back by
+        that thread: `_piece_lane.py`); the source is opened once per file. A file is closed and compared once
+        the next file's bytes are stored (a hash lane may still be hashing its last pieces meanwhile)."""
         lane = PieceLane(min(self._chunk_bytes, PIECE_BYTES), threaded=hash_on_a_lane())
         previous: Callable[[], None] | None = None
         try:
@@ -301,7 +301,7 @@ class FsspecArtifactProvider:
                 )
                 sizes = [tensor.data_offsets[1] - tensor.data_offsets[0] for tensor in tensors]
                 hashes = FileHashes(sizes, manifest.digest_chunk_bytes, algorithm)
-                lane.open_file(hashes)
+                lane.open_file(hashes, reader=opened.reader() if lane.threaded else -1)
                 relative = f"{key}/{file.name}"
                 wanted = file.size - file.header_size
                 if wanted:
@@ -309,7 +309,10 @@ class FsspecArtifactProvider:
                     source_fd = self._location.open_local(relative)
                     assert source_fd is not None
                     try:
-                        stored = opened.read_data(source_fd, file.header_size, wanted, lane)
+                        if lane.threaded:
+                            stored = opened.send_data(source_fd, file.header_size, wanted, lane)
+                        else:
+                            stored = opened.read_data(source_fd, file.header_size, wanted, lane)
                     finally:
                         os.close(source_fd)
                     if stored != wanted:
