@@ -1,5 +1,5 @@
-"""A remote import reads, hashes and writes each range once (E12): nothing is read back from the staged file,
-and the final verification is unchanged (every tensor and file digest equals the remote manifest's).
+"""A remote import reads, hashes and writes each range once (E12): no second pass hashes the staged file (a
+`file://` lane reads each piece back right after its copy, not the writer), and the final verification is unchanged (every tensor and file digest equals the remote manifest's).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from .remote_support import META, Node, soon
 from .support import SyntheticProducer, make_identity, make_tensors
 
 
-def test_an_import_never_reads_back_what_it_wrote(tmp_path: Path) -> None:
+def test_an_import_never_hashes_what_it_wrote_in_a_second_pass(tmp_path: Path) -> None:
     """E12: with the writer's read-back hashing seam armed to fail, a local build fails but an import publishes
-    (it hashed the ranges it wrote); a FULL_CHECKSUM lookup then confirms every byte on disk."""
+    (it hashed each range as it stored it); a FULL_CHECKSUM lookup then confirms every byte on disk."""
     node_a, node_b = Node(tmp_path / "node-a"), Node(tmp_path / "node-b")
     tensors = make_tensors()
     identity = node_a.build(tensors=tensors)
