@@ -5,8 +5,9 @@ On the copying thread a piece is read into a small buffer, written from it and h
 in the core's cache: 0.21 s of CPU per 321 MiB here, against 0.34 s for a kernel copy plus hashing the stored
 pages through a mapping (which faults them in). With a hash thread, the copying thread copies each piece in the
 kernel (`sendfile`, as a plain copy does) and the hash thread reads it back from the stored file into its own
-buffer: about the same CPU as the buffered copy, but the copying thread's share is a plain copy's, so the copy
-ends sooner (measured side by side, 1.07x a plain copy against 1.12x for buffers handed to the hash thread).
+buffer: the copying thread's share is then a plain copy's, so the copy ends sooner (node B's prewarm of 321 MiB
+1.30-1.34x a plain copy against 1.42-1.55x with buffers handed to the hash thread), for about 45 ms more CPU
+per 321 MiB (the read-back) on the core that would otherwise idle.
 Either way what is hashed is what was stored. A file's tensors are contiguous in offset order, so its hash state
 is its tensors' tree hashers and where the next byte goes; no per-range plan is built.
 """
