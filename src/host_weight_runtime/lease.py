@@ -9,9 +9,11 @@ that views it is gone, so closing can never leave a dangling tensor.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, NoReturn, Protocol
@@ -124,6 +126,44 @@ class VerificationState(str, enum.Enum):
     SKIPPED = "skipped"  # another process was verifying it, or finished first
     ABANDONED = "abandoned"  # the lease closed first; nothing recorded, a later lease tries again
     FAILED = "failed"  # an I/O error judged nothing; nothing recorded, a later lease tries again
+
+
+_held_verifications: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
+    "hwr_held_verifications", default=None
+)
+
+
+@contextlib.contextmanager
+def deferred_verifications() -> Iterator[None]:
+    """Hold the background verifications that leases start inside the block until it ends, then start them.
+
+    A load that maps several artifacts and then restores its models (a pipeline) finishes before any
+    artifact is re-hashed beside it: a verifier takes the interpreter lock between its reads, which the
+    loading thread would wait for. Nested blocks hold until the outermost one ends; the lease is served
+    either way, and waiting for a held verification starts it.
+    """
+    if _held_verifications.get() is not None:
+        yield
+        return
+    held: list[Callable[[], None]] = []
+    token = _held_verifications.set(held)
+    try:
+        yield
+    finally:
+        _held_verifications.reset(token)
+        fault_point("verify.release_held")
+        for start in held:
+            start()
+
+
+def start_or_defer(start: Callable[[], None]) -> bool:
+    """Call `start` now, or at the end of the enclosing `deferred_verifications` block; True when deferred."""
+    held = _held_verifications.get()
+    if held is None:
+        start()
+        return False
+    held.append(start)
+    return True
 
 
 class LeaseVerification(Protocol):

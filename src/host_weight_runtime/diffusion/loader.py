@@ -28,6 +28,7 @@ from ..failures import (
     failure,
     usage_error,
 )
+from ..lease import deferred_verifications
 from ..outcomes import AttemptAction, AttemptResult, ResolutionAttempt, ResolutionOutcome, ResolutionReport
 from ..runtime import HostWeightRuntime
 from ._build_progress import ArrivalChoice, arrival_choice
@@ -208,7 +209,8 @@ def load_component(
     stream = stream_on_miss if stream_on_miss is not None else mode is RuntimeMode.REQUIRED
     background = _publishes_behind(publish_in_background, runtime) and mode is RuntimeMode.PREFERRED and not stream
     parallel = parallel if parallel is not None else FinalLayoutParallelIdentity()
-    return warn_if_canonical(location, _load_through_runtime(call, parallel, stream=stream, background=background))
+    with deferred_verifications():  # the artifact is re-hashed only once the model is restored
+        return warn_if_canonical(location, _load_through_runtime(call, parallel, stream=stream, background=background))
 
 
 def _publishes_behind(publish_in_background: bool | None, runtime: HostWeightRuntime) -> bool:

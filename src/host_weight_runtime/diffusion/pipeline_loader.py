@@ -25,6 +25,7 @@ import torch
 
 from ..config import RuntimeMode
 from ..failures import FailureCode, HostWeightError, HostWeightUsageError, usage_error
+from ..lease import deferred_verifications
 from ..outcomes import ResolutionOutcome
 from ..runtime import HostWeightRuntime
 from ._direct_assembly import assemble_directly
@@ -343,7 +344,7 @@ def load_pipeline(
     _check_required(records, runtime.config.mode, root)
     warn_canonical_records(root, [(r.name, r.reason) for r in records if r.handling is ComponentHandling.CANONICAL])
     served: dict[str, LoadedComponent] = {}
-    with deferred_publications(), ExitStack() as undo:
+    with deferred_publications(), deferred_verifications(), ExitStack() as undo:
         for record in records:
             if record.handling is not ComponentHandling.SERVED:
                 continue

@@ -40,7 +40,7 @@ from .._strict import get_int, get_str, require_exact_keys, require_object
 from ..canonical_json import decode_json, encode_canonical
 from ..config import ENV_BACKGROUND_VERIFY, BackgroundVerifyMode, environment_config
 from ..failures import FailureCode, HostWeightFailure, ResolutionStage, failure
-from ..lease import VerificationState
+from ..lease import VerificationState, start_or_defer
 from ..manifest import FileManifestEntry, WeightManifest
 from ._deny import DenyMarkers
 from ._fsutil import read_small_file, write_file_atomic
@@ -151,6 +151,7 @@ class BackgroundVerification:
         "_deny",
         "_done",
         "_failure",
+        "_held",
         "_inodes",
         "_key",
         "_layout",
@@ -158,6 +159,7 @@ class BackgroundVerification:
         "_manifest",
         "_publication_id",
         "_seconds",
+        "_start_lock",
         "_state",
         "_stop",
         "_storage_class",
@@ -192,10 +194,23 @@ class BackgroundVerification:
         self.payload_bytes = 0
         self._seconds: float | None = None
         self._thread = threading.Thread(target=self._run, name="hwr-verify", daemon=True)
+        self._start_lock = threading.Lock()
+        self._held = False
 
     def start(self) -> None:
-        """Start the thread (once the lease is certain to be handed out)."""
-        self._thread.start()
+        """Start the thread (once the lease is certain to be handed out), or, inside the loader's
+        `deferred_verifications` block, once the load that took the lease is done."""
+        self._held = start_or_defer(self._release)
+
+    @property
+    def started(self) -> bool:
+        """Whether the thread was started (a held verification waits for its load's end)."""
+        return self._thread.ident is not None
+
+    def _release(self) -> None:
+        with self._start_lock:
+            if self._thread.ident is None and not self._stop.is_set():
+                self._thread.start()
 
     @property
     def state(self) -> VerificationState:
@@ -212,13 +227,18 @@ class BackgroundVerification:
         return self._seconds if self._done.is_set() else None
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until the verification ended (any state but RUNNING); True when it did."""
+        """Wait until the verification ended (any state but RUNNING); True when it did. A verification still
+        held for its load's end starts now, so the wait cannot outlast a block its own caller is in."""
+        if self._held:
+            self._release()
         return self._done.wait(timeout)
 
     def stop(self) -> None:
         """Abandon the verification at its next chunk and wait for the thread (the lease is closing)."""
-        self._stop.set()
-        if self._thread.ident is None:  # never started: the lease was withdrawn before it was handed out
+        with self._start_lock:
+            self._stop.set()
+            never_started = self._thread.ident is None
+        if never_started:  # the lease was withdrawn before it was handed out, or closed while held
             self._finish(VerificationState.ABANDONED)
             self._seconds = 0.0
             self._done.set()
