@@ -204,6 +204,28 @@ def test_a_refused_kernel_copy_falls_back_to_buffers_and_a_failed_one_is_typed(
     assert node_b.visible() == [] and node_b.temporaries() == []
 
 
+def test_a_failed_read_back_is_typed_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """E12, S18: an I/O error while the hash lane reads a stored piece back fails the import typed and retryable
+    (io_error), raised on the copying thread; node B keeps nothing, and the next import publishes."""
+    monkeypatch.setattr(provider_module, "hash_on_a_lane", lambda: True)
+    node_a = Node(tmp_path / "node-a")
+    tensors = make_tensors(scale=SCALE)
+    identity = node_a.build(tensors=tensors, files=2)
+    url = f"file://{tmp_path / 'remote'}"
+    push_artifact(node_a.store, identity, url)
+    node_b = Node(tmp_path / "node-b")
+    provider = FsspecArtifactProvider(url, chunk_bytes=CHUNK)
+    with armed("remote.read_back", Fault(FaultAction.RAISE_OSERROR, errno=errno.EIO, times=10_000)):
+        failed = import_remote_artifact(node_b.store, identity, provider, validation=META, deadline=soon())
+    assert failed is not None and failed.status is StoreStatus.FAILED and failed.failure is not None
+    assert failed.failure.code is FailureCode.IO_ERROR and failed.failure.retryable, failed.failure
+    assert node_b.visible() == [] and node_b.temporaries() == []
+    again = import_remote_artifact(node_b.store, identity, provider, validation=META, deadline=soon())
+    assert again is not None and again.status is StoreStatus.BUILT and again.lease is not None, again
+    again.lease.close()
+    node_b.assert_holds(identity, tensors)
+
+
 def test_a_hash_thread_is_used_only_where_a_core_is_free_for_it() -> None:
     """E12: three cores or more always hash on a thread; two only while the load leaves one idle; one never."""
     assert lane_pays(3, 10.0) and lane_pays(64, 0.0)

@@ -193,6 +193,7 @@ class PieceLane:
             self._back = memoryview(bytearray(min(self._piece_bytes, PIECE_BYTES)))
         end = offset + count
         while offset < end:
+            fault_point("remote.read_back")
             got = os.preadv(reader, [self._back[: min(len(self._back), end - offset)]], offset)
             if not got:
                 raise OSError(errno.EIO, f"the stored file ends at byte {offset}, before the {end - offset} stored")
