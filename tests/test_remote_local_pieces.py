@@ -206,7 +206,8 @@ def test_a_refused_kernel_copy_falls_back_to_buffers_and_a_failed_one_is_typed(
 
 def test_a_failed_read_back_is_typed_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """E12, S18: an I/O error while the hash lane reads a stored piece back fails the import typed and retryable
-    (io_error), raised on the copying thread; node B keeps nothing, and the next import publishes."""
+    (io_error), the same whether the copying thread meets it at its next piece or when it finishes the file;
+    node B keeps nothing, and the next import publishes."""
     monkeypatch.setattr(provider_module, "hash_on_a_lane", lambda: True)
     node_a = Node(tmp_path / "node-a")
     tensors = make_tensors(scale=SCALE)

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 
 from .._digest import DigestAlgorithm, TreeHasher
 from .._faults import fault_point
+from ..failures import HostWeightError, ResolutionStage
+from ..filesystem import failure_from_os_error
 
 __all__ = ["PIECE_BYTES", "FileHashes", "PieceLane", "hash_on_a_lane", "lane_pays"]
 
@@ -193,10 +195,14 @@ class PieceLane:
             self._back = memoryview(bytearray(min(self._piece_bytes, PIECE_BYTES)))
         end = offset + count
         while offset < end:
-            fault_point("remote.read_back")
-            got = os.preadv(reader, [self._back[: min(len(self._back), end - offset)]], offset)
-            if not got:
-                raise OSError(errno.EIO, f"the stored file ends at byte {offset}, before the {end - offset} stored")
+            try:
+                fault_point("remote.read_back")
+                got = os.preadv(reader, [self._back[: min(len(self._back), end - offset)]], offset)
+                if not got:
+                    raise OSError(errno.EIO, f"the stored file ends at byte {offset}, before the {end - offset} stored")
+            except OSError as exc:  # typed here: the copying thread raises it from its next piece or from finish
+                what = f"reading back the stored bytes at offset {offset}"
+                raise HostWeightError(failure_from_os_error(exc, stage=ResolutionStage.PRODUCTION, what=what)) from exc
             hashes.feed(self._back[:got])
             offset += got
 
