@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
-from host_weight_runtime import FailureCode, StoreStatus
+from host_weight_runtime import FailureCode, StoreStatus, WeightArtifactIdentity
 from host_weight_runtime._digest import DigestAlgorithm, tree_digest
 from host_weight_runtime._faults import Fault, FaultAction, armed
 from host_weight_runtime.manifest import MANIFEST_FILE_NAME, WeightManifest
@@ -37,6 +38,19 @@ def _pushed(tmp_path: Path) -> tuple[Node, Path, WeightManifest]:
     push_artifact(node_a.store, identity, f"file://{folder}")
     manifest = WeightManifest.from_bytes((folder / identity.key / MANIFEST_FILE_NAME).read_bytes())
     return node_a, folder, manifest
+
+
+def _two_files_pushed(
+    tmp_path: Path,
+) -> tuple[WeightArtifactIdentity, dict[str, torch.Tensor], Node, FsspecArtifactProvider]:
+    """Two payload files of many pieces pushed by node A to a `file://` folder: what node B imports, the
+    tensors it must hold, node B, and a provider of the folder in CHUNK-byte pieces."""
+    node_a = Node(tmp_path / "node-a")
+    tensors = make_tensors(scale=SCALE)
+    identity = node_a.build(tensors=tensors, files=2)
+    url = f"file://{tmp_path / 'remote'}"
+    push_artifact(node_a.store, identity, url)
+    return identity, tensors, Node(tmp_path / "node-b"), FsspecArtifactProvider(url, chunk_bytes=CHUNK)
 
 
 @pytest.mark.parametrize("read_back", [False, True])
@@ -115,13 +129,7 @@ def test_an_import_publishes_every_byte_whichever_thread_hashes(
 ) -> None:
     """E12: the same import hashed on the copying thread and on a hash lane publishes the pushed bytes."""
     monkeypatch.setattr(provider_module, "hash_on_a_lane", lambda: threaded)
-    node_a = Node(tmp_path / "node-a")
-    tensors = make_tensors(scale=SCALE)
-    identity = node_a.build(tensors=tensors, files=2)
-    url = f"file://{tmp_path / 'remote'}"
-    push_artifact(node_a.store, identity, url)
-    node_b = Node(tmp_path / "node-b")
-    provider = FsspecArtifactProvider(url, chunk_bytes=CHUNK)
+    identity, tensors, node_b, provider = _two_files_pushed(tmp_path)
     result = import_remote_artifact(node_b.store, identity, provider, validation=META, deadline=soon())
     assert result is not None and result.status is StoreStatus.BUILT and result.lease is not None, result
     result.lease.close()
@@ -159,14 +167,8 @@ def test_only_a_hash_lane_copies_in_the_kernel(tmp_path: Path, monkeypatch: pyte
     """E12: with a hash lane every piece is copied in the kernel (the `sendfile` seam passes once a piece) and
     read back by the lane; without one, no piece is, and both publish the pushed bytes."""
     monkeypatch.setattr(provider_module, "hash_on_a_lane", lambda: threaded)
-    node_a = Node(tmp_path / "node-a")
-    tensors = make_tensors(scale=SCALE)
-    identity = node_a.build(tensors=tensors, files=2)
-    url = f"file://{tmp_path / 'remote'}"
-    push_artifact(node_a.store, identity, url)
-    node_b = Node(tmp_path / "node-b")
+    identity, tensors, node_b, provider = _two_files_pushed(tmp_path)
     sends: list[str] = []
-    provider = FsspecArtifactProvider(url, chunk_bytes=CHUNK)
     with armed("writer.sendfile", Fault(FaultAction.PAUSE, hook=sends.append, times=10_000)):
         result = import_remote_artifact(node_b.store, identity, provider, validation=META, deadline=soon())
     assert result is not None and result.status is StoreStatus.BUILT and result.lease is not None, result
@@ -184,13 +186,7 @@ def test_a_refused_kernel_copy_falls_back_to_buffers_and_a_failed_one_is_typed(
     and the import publishes the pushed bytes; any other error of the copy (EIO) fails the import typed and
     retryable, with nothing visible on node B."""
     monkeypatch.setattr(provider_module, "hash_on_a_lane", lambda: True)
-    node_a = Node(tmp_path / "node-a")
-    tensors = make_tensors(scale=SCALE)
-    identity = node_a.build(tensors=tensors, files=2)
-    url = f"file://{tmp_path / 'remote'}"
-    push_artifact(node_a.store, identity, url)
-    node_b = Node(tmp_path / "node-b")
-    provider = FsspecArtifactProvider(url, chunk_bytes=CHUNK)
+    identity, tensors, node_b, provider = _two_files_pushed(tmp_path)
     with armed("writer.sendfile", Fault(FaultAction.RAISE_OSERROR, errno=error, times=10_000)):
         result = import_remote_artifact(node_b.store, identity, provider, validation=META, deadline=soon())
     assert result is not None
@@ -209,13 +205,7 @@ def test_a_failed_read_back_is_typed_and_leaves_nothing(tmp_path: Path, monkeypa
     (io_error), the same whether the copying thread meets it at its next piece or when it finishes the file;
     node B keeps nothing, and the next import publishes."""
     monkeypatch.setattr(provider_module, "hash_on_a_lane", lambda: True)
-    node_a = Node(tmp_path / "node-a")
-    tensors = make_tensors(scale=SCALE)
-    identity = node_a.build(tensors=tensors, files=2)
-    url = f"file://{tmp_path / 'remote'}"
-    push_artifact(node_a.store, identity, url)
-    node_b = Node(tmp_path / "node-b")
-    provider = FsspecArtifactProvider(url, chunk_bytes=CHUNK)
+    identity, tensors, node_b, provider = _two_files_pushed(tmp_path)
     with armed("remote.read_back", Fault(FaultAction.RAISE_OSERROR, errno=errno.EIO, times=10_000)):
         failed = import_remote_artifact(node_b.store, identity, provider, validation=META, deadline=soon())
     assert failed is not None and failed.status is StoreStatus.FAILED and failed.failure is not None

@@ -192,7 +192,7 @@ class PieceLane:
 
     def _read_back(self, hashes: FileHashes, reader: int, offset: int, count: int) -> None:
         if self._back is None:
-            self._back = memoryview(bytearray(min(self._piece_bytes, PIECE_BYTES)))
+            self._back = memoryview(bytearray(self._piece_bytes))
         end = offset + count
         while offset < end:
             try:
